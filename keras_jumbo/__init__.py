@@ -1,0 +1,9 @@
+"""keras_jumbo: Jumbo-CLS ViTs and friends for Keras 3 on every backend."""
+
+from keras_jumbo import callbacks
+from keras_jumbo import convert
+from keras_jumbo import layers
+from keras_jumbo import models
+from keras_jumbo.version import __version__
+
+__all__ = ["__version__", "callbacks", "convert", "layers", "models"]

@@ -1,0 +1,109 @@
+"""Shared helpers for keras_jumbo layers: argument checks and activations."""
+
+import math
+
+import keras
+from keras import ops
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+
+
+def gelu(x):
+    """Exact GELU written with `erf`: 0.5 * x * (1 + erf(x / sqrt(2))).
+
+    Same values as `keras.activations.gelu(x, approximate=False)` and
+    PyTorch's `nn.GELU()`, but expressed with `erf` so that exported graphs
+    need no `Erfc` kernel (onnxruntime has none).
+    """
+    return 0.5 * x * (1.0 + ops.erf(x * _SQRT_HALF))
+
+
+def get_activation(activation):
+    """Resolve an activation; "gelu" maps to the exact erf form above."""
+    if activation == "gelu":
+        return gelu
+    if activation == "gelu_approximate":
+        return lambda x: keras.activations.gelu(x, approximate=True)
+    return keras.activations.get(activation)
+
+
+def check_positive_int(name, value, allow_zero=False):
+    """Raise unless `value` is an int > 0 (or >= 0 with `allow_zero`)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"`{name}` must be an integer. Received: {name}={value!r} "
+            f"(of type {type(value).__name__})"
+        )
+    low = 0 if allow_zero else 1
+    if value < low:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"`{name}` must be {bound}. Received: {name}={value}")
+    return value
+
+
+def check_rate(name, value):
+    """Raise unless `value` is a float in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
+        )
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(
+            f"`{name}` must be in [0, 1). Received: {name}={value}"
+        )
+    return float(value)
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(
+            f"`{name}` must be one of {sorted(choices)}. "
+            f"Received: {name}={value!r}"
+        )
+    return value
+
+
+def to_pair(name, value):
+    """Normalise an int or a pair of ints to a tuple of two positive ints."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0
+            for v in value
+        )
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive int or a pair of positive ints. "
+            f"Received: {name}={value!r}"
+        )
+    return tuple(value)
+
+
+def check_last_dim(layer, input_shape, expected, what="features"):
+    """Raise a ValueError naming the layer when the last axis is wrong."""
+    got = input_shape[-1]
+    if got is not None and expected is not None and got != expected:
+        raise ValueError(
+            f"Layer '{layer.name}' expects inputs with {expected} {what} on "
+            f"the last axis. Received: input_shape={tuple(input_shape)}"
+        )
+
+
+def check_rank(layer, input_shape, rank):
+    if len(input_shape) != rank:
+        raise ValueError(
+            f"Layer '{layer.name}' expects inputs of rank {rank}. "
+            f"Received: input_shape={tuple(input_shape)}"
+        )
+
+
+def standardize_data_format(data_format):
+    """`None` -> `keras.config.image_data_format()`; validate the value."""
+    if data_format is None:
+        data_format = keras.config.image_data_format()
+    return check_choice(
+        "data_format", data_format, {"channels_last", "channels_first"}
+    )

@@ -1,0 +1,129 @@
+import math
+
+import keras
+from keras import ops
+
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rank
+from keras_jumbo.layers._utils import check_rate
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Multi-head self-attention with one fused q/k/v projection.
+
+    `qkv = x W_qkv + b` is split into (3, heads, head_dim) in that order
+    (the layout of timm and the official Jumbo release, so their weights
+    load without permutation); scores are scaled by `head_dim ** -0.5`
+    and computed with `keras.ops.dot_product_attention`; the heads are
+    concatenated and projected back to the input width. It computes the
+    same function as `keras.layers.MultiHeadAttention(num_heads,
+    key_dim=D // num_heads)` given the same weights (tested).
+
+    Args:
+        num_heads: int, number of heads; must divide the input width.
+        qkv_bias: bool, bias on the q/k/v projection.
+        attention_dropout_rate: float in [0, 1), dropout on the attention
+            probabilities (training only).
+        dropout_rate: float in [0, 1), dropout after the output projection.
+        kernel_initializer: initializer of both projections.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(batch, length, D)`.
+        training: bool.
+
+    Returns:
+        `(batch, length, D)`.
+
+    Example:
+    >>> MultiHeadSelfAttention(num_heads=2)(np.zeros((2, 5, 8))).shape
+    (2, 5, 8)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        qkv_bias=True,
+        attention_dropout_rate=0.0,
+        dropout_rate=0.0,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.qkv_bias = qkv_bias
+        self.attention_dropout_rate = check_rate(
+            "attention_dropout_rate", attention_dropout_rate
+        )
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed_generator = keras.random.SeedGenerator()
+        self.dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="dropout"
+        )
+
+    def build(self, input_shape):
+        check_rank(self, input_shape, 3)
+        dim = input_shape[-1]
+        if dim is None or dim % self.num_heads:
+            raise ValueError(
+                "The model width must be divisible by `num_heads`. "
+                f"Received: width={dim}, num_heads={self.num_heads}"
+            )
+        self.hidden_dim = dim
+        self.head_dim = dim // self.num_heads
+        self.qkv = keras.layers.Dense(
+            3 * dim,
+            use_bias=self.qkv_bias,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="qkv",
+        )
+        self.qkv.build(input_shape)
+        self.proj = keras.layers.Dense(
+            dim,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="proj",
+        )
+        self.proj.build(input_shape)
+
+    def call(self, inputs, training=None):
+        length = ops.shape(inputs)[1]
+        qkv = ops.reshape(
+            self.qkv(inputs), (-1, length, 3, self.num_heads, self.head_dim)
+        )
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        if training and self.attention_dropout_rate > 0.0:
+            scale = 1.0 / math.sqrt(self.head_dim)
+            scores = ops.einsum("bqhd,bkhd->bhqk", q * scale, k)
+            probs = ops.softmax(scores, axis=-1)
+            keep = 1.0 - self.attention_dropout_rate
+            noise = keras.random.uniform(
+                ops.shape(probs), dtype=probs.dtype, seed=self.seed_generator
+            )
+            probs = probs * ops.cast(noise < keep, probs.dtype) / keep
+            x = ops.einsum("bhqk,bkhd->bqhd", probs, v)
+        else:
+            x = ops.dot_product_attention(q, k, v)
+        x = ops.reshape(x, (-1, length, self.hidden_dim))
+        return self.dropout(self.proj(x), training=training)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "qkv_bias": self.qkv_bias,
+                "attention_dropout_rate": self.attention_dropout_rate,
+                "dropout_rate": self.dropout_rate,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config

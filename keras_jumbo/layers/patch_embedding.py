@@ -1,0 +1,121 @@
+import keras
+from keras import ops
+
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rank
+from keras_jumbo.layers._utils import standardize_data_format
+from keras_jumbo.layers._utils import to_pair
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class PatchEmbedding(keras.layers.Layer):
+    """Split an image into non-overlapping patches and project each one.
+
+    `(batch, H, W, C)` (or `(batch, C, H, W)` with
+    `data_format="channels_first"`) becomes a token grid
+    `(batch, H / P_y, W / P_x, hidden_dim)`. The grid is always channels
+    last, whatever the image layout, so that position embeddings and the
+    encoder see one layout. The projection is a stride-P convolution, the
+    same linear map as flattening each patch and applying a Dense layer
+    (ViT, Dosovitskiy et al. 2021, eq. 1; Jumbo paper §2.1).
+
+    Args:
+        hidden_dim: int, width D of each patch token.
+        patch_size: int or pair of ints, patch height and width in pixels.
+        data_format: `"channels_last"` or `"channels_first"`; defaults to
+            `keras.config.image_data_format()`.
+        use_bias: bool, whether the projection has a bias.
+        kernel_initializer: initializer for the projection kernel.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: images of rank 4. Height and width must be divisible by
+            `patch_size`.
+
+    Returns:
+        Token grid `(batch, grid_h, grid_w, hidden_dim)`.
+
+    Example:
+    >>> layer = PatchEmbedding(hidden_dim=32, patch_size=4)
+    >>> layer(np.zeros((2, 16, 16, 3))).shape
+    (2, 4, 4, 32)
+    """
+
+    def __init__(
+        self,
+        hidden_dim,
+        patch_size,
+        data_format=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_dim = check_positive_int("hidden_dim", hidden_dim)
+        self.patch_size = to_pair("patch_size", patch_size)
+        self.data_format = standardize_data_format(data_format)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.projection = keras.layers.Conv2D(
+            hidden_dim,
+            kernel_size=self.patch_size,
+            strides=self.patch_size,
+            padding="valid",
+            # Always NHWC: TensorFlow has no NCHW convolution on the CPU, so
+            # channels-first images are transposed once in `call`.
+            data_format="channels_last",
+            use_bias=use_bias,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="projection",
+        )
+
+    def _spatial(self, input_shape):
+        if self.data_format == "channels_last":
+            return input_shape[1], input_shape[2], input_shape[3]
+        return input_shape[2], input_shape[3], input_shape[1]
+
+    def build(self, input_shape):
+        check_rank(self, input_shape, 4)
+        height, width, _ = self._spatial(input_shape)
+        for axis, size, patch in (
+            ("height", height, self.patch_size[0]),
+            ("width", width, self.patch_size[1]),
+        ):
+            if size is not None and size % patch:
+                raise ValueError(
+                    f"Image {axis} must be divisible by `patch_size`. "
+                    f"Received: image {axis}={size}, "
+                    f"patch_size={self.patch_size}"
+                )
+        self.projection.build(
+            (input_shape[0], height, width, self._spatial(input_shape)[2])
+        )
+
+    def call(self, inputs):
+        if self.data_format == "channels_first":
+            inputs = ops.transpose(inputs, (0, 2, 3, 1))
+        return self.projection(inputs)
+
+    def compute_output_shape(self, input_shape):
+        height, width, _ = self._spatial(input_shape)
+        grid = [
+            None if s is None else s // p
+            for s, p in zip((height, width), self.patch_size)
+        ]
+        return (input_shape[0], grid[0], grid[1], self.hidden_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_dim": self.hidden_dim,
+                "patch_size": self.patch_size,
+                "data_format": self.data_format,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config

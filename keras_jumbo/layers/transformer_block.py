@@ -1,0 +1,319 @@
+import keras
+from keras import ops
+
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rank
+from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers.attention import MultiHeadSelfAttention
+from keras_jumbo.layers.jumbo_token import jumbo_merge
+from keras_jumbo.layers.jumbo_token import jumbo_split
+from keras_jumbo.layers.layer_scale import LayerScale
+from keras_jumbo.layers.mlp import MLP
+from keras_jumbo.layers.stochastic_depth import StochasticDepth
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class TransformerBlock(keras.layers.Layer):
+    """The one pre-norm transformer block every keras_jumbo ViT uses.
+
+    Plain block (`jumbo_multiplier=0`), for ViT, ViT+Registers, PatchTST:
+
+        x = x + DropPath(LS1(Attn(LN1(x))))
+        x = x + DropPath(LS2(FFN(LN2(x))))
+
+    Jumbo block (`jumbo_multiplier=J >= 1`; Jumbo paper §3.2, Fig. 2): the
+    first J tokens are the split Jumbo token. All tokens attend together;
+    then the J split tokens are reassembled into one `J * D` token that
+    goes through its own FFN, while the remaining (patch) tokens go
+    through the patch FFN:
+
+        x = x + DropPath(LS1(Attn(LN1(x))))            # all N + J tokens
+        jumbo = concat_J(x[:J])                          # (J * D,)
+        jumbo = jumbo + DropPath(LS3(FFN_J(LN3(jumbo)) [+ B A LN3(jumbo)]))
+        patches = x[J:] + DropPath(LS2(FFN(LN2(x[J:]))))
+        x = split_J(jumbo) || patches
+
+    The Jumbo FFN is the block's own (`share_jumbo_mlp=False`, the paper's
+    default) or an `MLP` passed at call time (`shared_jumbo_mlp=`, used by
+    `TransformerEncoder` to share one Jumbo FFN across layers as in the
+    official release and Table 3 "layer share"). LN3 is always per block,
+    as in the official release. With `jumbo_lora_rank=r` the block adds a
+    per-layer low-rank branch `J*D -> r -> J*D` (no bias, up-projection
+    zero-initialised, as LoRA) to the shared FFN's output (Table 3 "LoRA").
+
+    Args:
+        num_heads: int, attention heads; must divide the width D.
+        mlp_dim: int, hidden width of the patch FFN.
+        jumbo_multiplier: int >= 0, J (0 = plain block).
+        jumbo_mlp_dim: int, hidden width of the Jumbo FFN (needed when
+            `jumbo_multiplier > 0` and the FFN is the block's own).
+        share_jumbo_mlp: bool, take the Jumbo FFN from the call argument
+            `shared_jumbo_mlp` instead of owning one.
+        jumbo_lora_rank: int or None, rank of the per-layer adapter; only
+            with `share_jumbo_mlp=True`.
+        use_patch_mlp: bool, build the patch FFN. The last block of a model
+            whose head reads only the Jumbo token does not need it.
+        dropout_rate: float, dropout in the FFNs and after the attention
+            projection.
+        attention_dropout_rate: float, dropout of attention probabilities.
+        drop_path_rate: float, stochastic-depth rate of every branch.
+        layer_scale_init_value: float or None; None disables LayerScale.
+        layer_norm_epsilon: float, epsilon of every LayerNorm.
+        activation: FFN activation, `"gelu"` (exact, erf) by default.
+        qkv_bias: bool, bias on the q/k/v projection.
+        kernel_initializer: initializer of the Dense kernels.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(batch, J + N, D)` tokens (the first J are the split Jumbo
+            token when `jumbo_multiplier > 0`).
+        training: bool.
+        shared_jumbo_mlp: an `MLP` mapping `J * D -> J * D`, required when
+            `share_jumbo_mlp=True`.
+
+    Returns:
+        `(batch, J + N, D)`.
+
+    Example:
+    >>> block = TransformerBlock(num_heads=2, mlp_dim=32, jumbo_multiplier=2,
+    ...                          jumbo_mlp_dim=64)
+    >>> block(np.zeros((2, 2 + 16, 8))).shape
+    (2, 18, 8)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        jumbo_multiplier=0,
+        jumbo_mlp_dim=None,
+        share_jumbo_mlp=False,
+        jumbo_lora_rank=None,
+        use_patch_mlp=True,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_scale_init_value=None,
+        layer_norm_epsilon=1e-6,
+        activation="gelu",
+        qkv_bias=True,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+        self.jumbo_multiplier = check_positive_int(
+            "jumbo_multiplier", jumbo_multiplier, allow_zero=True
+        )
+        self.share_jumbo_mlp = bool(share_jumbo_mlp)
+        if self.jumbo_multiplier and not self.share_jumbo_mlp:
+            if jumbo_mlp_dim is None:
+                raise ValueError(
+                    "`jumbo_mlp_dim` is required when `jumbo_multiplier > 0` "
+                    "and the block owns its Jumbo FFN. Received: "
+                    f"jumbo_mlp_dim=None, jumbo_multiplier={jumbo_multiplier}"
+                )
+        if jumbo_mlp_dim is not None:
+            check_positive_int("jumbo_mlp_dim", jumbo_mlp_dim)
+        self.jumbo_mlp_dim = jumbo_mlp_dim
+        if jumbo_lora_rank is not None:
+            check_positive_int("jumbo_lora_rank", jumbo_lora_rank)
+            if not self.share_jumbo_mlp:
+                raise ValueError(
+                    "`jumbo_lora_rank` adapts a shared Jumbo FFN; set "
+                    "`share_jumbo_mlp=True`. Received: "
+                    f"jumbo_lora_rank={jumbo_lora_rank}, share_jumbo_mlp=False"
+                )
+        self.jumbo_lora_rank = jumbo_lora_rank
+        self.use_patch_mlp = bool(use_patch_mlp)
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.attention_dropout_rate = check_rate(
+            "attention_dropout_rate", attention_dropout_rate
+        )
+        self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
+        self.layer_scale_init_value = layer_scale_init_value
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.activation = activation
+        self.qkv_bias = qkv_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+    # --- construction -------------------------------------------------
+    def _norm(self, name):
+        return keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _branch_tail(self, suffix):
+        scale = None
+        if self.layer_scale_init_value is not None:
+            scale = LayerScale(
+                self.layer_scale_init_value,
+                dtype=self.dtype_policy,
+                name=f"layer_scale{suffix}",
+            )
+        drop = StochasticDepth(
+            self.drop_path_rate,
+            dtype=self.dtype_policy,
+            name=f"drop_path{suffix}",
+        )
+        return scale, drop
+
+    def build(self, input_shape):
+        check_rank(self, input_shape, 3)
+        dim = input_shape[-1]
+        if dim is None or dim % self.num_heads:
+            raise ValueError(
+                "The model width must be divisible by `num_heads`. "
+                f"Received: width={dim}, num_heads={self.num_heads}"
+            )
+        length = input_shape[1]
+        if length is not None and length < self.jumbo_multiplier:
+            raise ValueError(
+                f"A Jumbo block with jumbo_multiplier={self.jumbo_multiplier} "
+                f"needs at least that many tokens. Received: "
+                f"input_shape={tuple(input_shape)}"
+            )
+        self.hidden_dim = dim
+        common = dict(
+            dtype=self.dtype_policy, kernel_initializer=self.kernel_initializer
+        )
+        self.norm1 = self._norm("norm1")
+        self.norm1.build(input_shape)
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads,
+            qkv_bias=self.qkv_bias,
+            attention_dropout_rate=self.attention_dropout_rate,
+            dropout_rate=self.dropout_rate,
+            name="attention",
+            **common,
+        )
+        self.attention.build(input_shape)
+        self.layer_scale1, self.drop_path1 = self._branch_tail("1")
+        token_shape = (input_shape[0], None, dim)
+        if self.use_patch_mlp:
+            self.norm2 = self._norm("norm2")
+            self.norm2.build(token_shape)
+            self.mlp = MLP(
+                self.mlp_dim,
+                activation=self.activation,
+                dropout_rate=self.dropout_rate,
+                name="mlp",
+                **common,
+            )
+            self.mlp.build(token_shape)
+            self.layer_scale2, self.drop_path2 = self._branch_tail("2")
+        for sub in (self.layer_scale1, getattr(self, "layer_scale2", None)):
+            if sub is not None:
+                sub.build(token_shape)
+        if self.jumbo_multiplier:
+            jumbo_dim = self.jumbo_multiplier * dim
+            jumbo_shape = (input_shape[0], jumbo_dim)
+            self.norm3 = self._norm("norm3")
+            self.norm3.build(jumbo_shape)
+            self.jumbo_mlp = None
+            if not self.share_jumbo_mlp:
+                self.jumbo_mlp = MLP(
+                    self.jumbo_mlp_dim,
+                    activation=self.activation,
+                    dropout_rate=self.dropout_rate,
+                    name="jumbo_mlp",
+                    **common,
+                )
+                self.jumbo_mlp.build(jumbo_shape)
+            if self.jumbo_lora_rank is not None:
+                self.jumbo_lora_down = keras.layers.Dense(
+                    self.jumbo_lora_rank,
+                    use_bias=False,
+                    name="jumbo_lora_down",
+                    **common,
+                )
+                self.jumbo_lora_down.build(jumbo_shape)
+                self.jumbo_lora_up = keras.layers.Dense(
+                    jumbo_dim,
+                    use_bias=False,
+                    kernel_initializer="zeros",
+                    dtype=self.dtype_policy,
+                    name="jumbo_lora_up",
+                )
+                self.jumbo_lora_up.build((input_shape[0], self.jumbo_lora_rank))
+            self.layer_scale3, self.drop_path3 = self._branch_tail("3")
+            if self.layer_scale3 is not None:
+                self.layer_scale3.build(jumbo_shape)
+
+    # --- forward ------------------------------------------------------
+    @staticmethod
+    def _residual(x, branch, scale, drop, training):
+        if scale is not None:
+            branch = scale(branch)
+        return x + drop(branch, training=training)
+
+    def _patch_ffn(self, x, training):
+        if not self.use_patch_mlp:
+            return x
+        branch = self.mlp(self.norm2(x), training=training)
+        return self._residual(
+            x, branch, self.layer_scale2, self.drop_path2, training
+        )
+
+    def _jumbo_ffn(self, jumbo, training, shared_jumbo_mlp):
+        mlp = self.jumbo_mlp
+        if self.share_jumbo_mlp:
+            if shared_jumbo_mlp is None:
+                raise ValueError(
+                    f"Block '{self.name}' was built with share_jumbo_mlp=True "
+                    "and needs the shared Jumbo FFN at call time. Received: "
+                    "shared_jumbo_mlp=None"
+                )
+            mlp = shared_jumbo_mlp
+        hidden = self.norm3(jumbo)
+        branch = mlp(hidden, training=training)
+        if self.jumbo_lora_rank is not None:
+            branch = branch + self.jumbo_lora_up(self.jumbo_lora_down(hidden))
+        return self._residual(
+            jumbo, branch, self.layer_scale3, self.drop_path3, training
+        )
+
+    def call(self, inputs, training=None, shared_jumbo_mlp=None):
+        x = inputs
+        branch = self.attention(self.norm1(x), training=training)
+        x = self._residual(
+            x, branch, self.layer_scale1, self.drop_path1, training
+        )
+        if not self.jumbo_multiplier:
+            return self._patch_ffn(x, training)
+        num_jumbo = self.jumbo_multiplier
+        jumbo = jumbo_merge(x[:, :num_jumbo])
+        jumbo = self._jumbo_ffn(jumbo, training, shared_jumbo_mlp)
+        patches = self._patch_ffn(x[:, num_jumbo:], training)
+        return ops.concatenate(
+            [jumbo_split(jumbo, num_jumbo), patches], axis=1
+        )
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim,
+                "jumbo_multiplier": self.jumbo_multiplier,
+                "jumbo_mlp_dim": self.jumbo_mlp_dim,
+                "share_jumbo_mlp": self.share_jumbo_mlp,
+                "jumbo_lora_rank": self.jumbo_lora_rank,
+                "use_patch_mlp": self.use_patch_mlp,
+                "dropout_rate": self.dropout_rate,
+                "attention_dropout_rate": self.attention_dropout_rate,
+                "drop_path_rate": self.drop_path_rate,
+                "layer_scale_init_value": self.layer_scale_init_value,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "activation": self.activation,
+                "qkv_bias": self.qkv_bias,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config

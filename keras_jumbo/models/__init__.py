@@ -1,0 +1,23 @@
+"""Functional model builders and the model registry."""
+
+from keras_jumbo.models.registry import create_model
+from keras_jumbo.models.registry import list_models
+from keras_jumbo.models.registry import register_model
+from keras_jumbo.models.vision_transformer import JumboViT
+from keras_jumbo.models.vision_transformer import RegistersViT
+from keras_jumbo.models.vision_transformer import TokenPooling
+from keras_jumbo.models.vision_transformer import ViT
+from keras_jumbo.models.vision_transformer import with_image_size
+from keras_jumbo.models.vit_sizes import VIT_SIZES
+
+__all__ = [
+    "JumboViT",
+    "RegistersViT",
+    "TokenPooling",
+    "VIT_SIZES",
+    "ViT",
+    "create_model",
+    "list_models",
+    "register_model",
+    "with_image_size",
+]

@@ -1,0 +1,40 @@
+"""Model registry: `list_models()` and `create_model(name, **overrides)`."""
+
+from keras_jumbo.models.vision_transformer import JumboViT
+from keras_jumbo.models.vision_transformer import RegistersViT
+from keras_jumbo.models.vision_transformer import ViT
+from keras_jumbo.models.vit_sizes import VIT_SIZES
+
+_REGISTRY = {}
+
+
+def register_model(name, builder, **defaults):
+    """Register `builder(**defaults, **overrides)` under `name`."""
+    if name in _REGISTRY:
+        raise ValueError(f"Model name already registered: name={name!r}")
+    _REGISTRY[name] = (builder, defaults)
+
+
+for _size in VIT_SIZES:
+    register_model(f"vit_{_size}", ViT, size=_size)
+    register_model(f"registers_vit_{_size}", RegistersViT, size=_size)
+    register_model(f"jumbo_vit_{_size}", JumboViT, size=_size)
+
+
+def list_models(pattern=None):
+    """Sorted registered names, optionally those containing `pattern`."""
+    names = sorted(_REGISTRY)
+    if pattern:
+        names = [name for name in names if pattern in name]
+    return names
+
+
+def create_model(name, **overrides):
+    """Build a registered model, e.g. `create_model("jumbo_vit_nano")`."""
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"Unknown model name. Known: {list_models()}. Received: "
+            f"name={name!r}"
+        )
+    builder, defaults = _REGISTRY[name]
+    return builder(**{**defaults, **overrides})
