@@ -88,11 +88,18 @@ class PatchEmbedding(keras.layers.Layer):
                     f"Received: image {axis}={size}, "
                     f"patch_size={self.patch_size}"
                 )
-        self.projection.build(
-            (input_shape[0], height, width, self._spatial(input_shape)[2])
-        )
+        self.num_channels = self._spatial(input_shape)[2]
+        self.projection.build((input_shape[0], height, width, self.num_channels))
 
     def call(self, inputs):
+        check_rank(self, inputs.shape, 4)
+        channels = self._spatial(inputs.shape)[2]
+        if channels is not None and channels != self.num_channels:
+            raise ValueError(
+                f"Layer '{self.name}' was built for {self.num_channels} "
+                f"channels ({self.data_format}). Received: "
+                f"input_shape={tuple(inputs.shape)}"
+            )
         if self.data_format == "channels_first":
             inputs = ops.transpose(inputs, (0, 2, 3, 1))
         return self.projection(inputs)

@@ -53,6 +53,9 @@ class TransformerBlock(keras.layers.Layer):
             with `share_jumbo_mlp=True`.
         use_patch_mlp: bool, build the patch FFN. The last block of a model
             whose head reads only the Jumbo token does not need it.
+        use_jumbo_mlp: bool, build the Jumbo FFN branch (LN3, FFN, adapter).
+            The last block of a Jumbo model whose head reads only patch
+            tokens (`head="avg"`) does not need it.
         dropout_rate: float, dropout in the FFNs and after the attention
             projection.
         attention_dropout_rate: float, dropout of attention probabilities.
@@ -90,6 +93,7 @@ class TransformerBlock(keras.layers.Layer):
         share_jumbo_mlp=False,
         jumbo_lora_rank=None,
         use_patch_mlp=True,
+        use_jumbo_mlp=True,
         dropout_rate=0.0,
         attention_dropout_rate=0.0,
         drop_path_rate=0.0,
@@ -127,6 +131,7 @@ class TransformerBlock(keras.layers.Layer):
                 )
         self.jumbo_lora_rank = jumbo_lora_rank
         self.use_patch_mlp = bool(use_patch_mlp)
+        self.use_jumbo_mlp = bool(use_jumbo_mlp)
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
         self.attention_dropout_rate = check_rate(
             "attention_dropout_rate", attention_dropout_rate
@@ -206,7 +211,7 @@ class TransformerBlock(keras.layers.Layer):
         for sub in (self.layer_scale1, getattr(self, "layer_scale2", None)):
             if sub is not None:
                 sub.build(token_shape)
-        if self.jumbo_multiplier:
+        if self.jumbo_multiplier and self.use_jumbo_mlp:
             jumbo_dim = self.jumbo_multiplier * dim
             jumbo_shape = (input_shape[0], jumbo_dim)
             self.norm3 = self._norm("norm3")
@@ -257,6 +262,8 @@ class TransformerBlock(keras.layers.Layer):
         )
 
     def _jumbo_ffn(self, jumbo, training, shared_jumbo_mlp):
+        if not self.use_jumbo_mlp:
+            return jumbo
         mlp = self.jumbo_mlp
         if self.share_jumbo_mlp:
             if shared_jumbo_mlp is None:
@@ -304,6 +311,7 @@ class TransformerBlock(keras.layers.Layer):
                 "share_jumbo_mlp": self.share_jumbo_mlp,
                 "jumbo_lora_rank": self.jumbo_lora_rank,
                 "use_patch_mlp": self.use_patch_mlp,
+                "use_jumbo_mlp": self.use_jumbo_mlp,
                 "dropout_rate": self.dropout_rate,
                 "attention_dropout_rate": self.attention_dropout_rate,
                 "drop_path_rate": self.drop_path_rate,

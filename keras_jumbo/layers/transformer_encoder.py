@@ -27,6 +27,8 @@ class TransformerEncoder(keras.layers.Layer):
         last_block_patch_mlp: bool, whether the last block has a patch FFN
             (False when the head reads only the Jumbo token; the paper
             discards those weights, §3.2).
+        last_block_jumbo_mlp: bool, whether the last block has its Jumbo
+            FFN branch (False when the head reads only patch tokens).
         dropout_rate, attention_dropout_rate: floats in [0, 1).
         drop_path_rate: float, stochastic depth of the last block.
         drop_path_schedule: `"linear"` (rate grows from 0 to
@@ -62,6 +64,7 @@ class TransformerEncoder(keras.layers.Layer):
         share_jumbo_mlp=False,
         jumbo_lora_rank=None,
         last_block_patch_mlp=True,
+        last_block_jumbo_mlp=True,
         dropout_rate=0.0,
         attention_dropout_rate=0.0,
         drop_path_rate=0.0,
@@ -82,6 +85,7 @@ class TransformerEncoder(keras.layers.Layer):
         self.share_jumbo_mlp = bool(share_jumbo_mlp)
         self.jumbo_lora_rank = jumbo_lora_rank
         self.last_block_patch_mlp = bool(last_block_patch_mlp)
+        self.last_block_jumbo_mlp = bool(last_block_jumbo_mlp)
         self.dropout_rate = dropout_rate
         self.attention_dropout_rate = attention_dropout_rate
         self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
@@ -108,6 +112,9 @@ class TransformerEncoder(keras.layers.Layer):
                 jumbo_lora_rank=jumbo_lora_rank,
                 use_patch_mlp=(
                     self.last_block_patch_mlp or index < self.depth - 1
+                ),
+                use_jumbo_mlp=(
+                    self.last_block_jumbo_mlp or index < self.depth - 1
                 ),
                 dropout_rate=dropout_rate,
                 attention_dropout_rate=attention_dropout_rate,
@@ -168,6 +175,7 @@ class TransformerEncoder(keras.layers.Layer):
                 "share_jumbo_mlp": self.share_jumbo_mlp,
                 "jumbo_lora_rank": self.jumbo_lora_rank,
                 "last_block_patch_mlp": self.last_block_patch_mlp,
+                "last_block_jumbo_mlp": self.last_block_jumbo_mlp,
                 "dropout_rate": self.dropout_rate,
                 "attention_dropout_rate": self.attention_dropout_rate,
                 "drop_path_rate": self.drop_path_rate,

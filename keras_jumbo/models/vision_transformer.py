@@ -210,6 +210,8 @@ def build_vision_transformer(
         share_jumbo_mlp=share_jumbo_mlp,
         jumbo_lora_rank=jumbo_lora_rank,
         last_block_patch_mlp=last_block_patch_mlp,
+        # Nothing reads the Jumbo token after the last block for head="avg".
+        last_block_jumbo_mlp=head != "avg",
         dropout_rate=dropout_rate,
         attention_dropout_rate=attention_dropout_rate,
         drop_path_rate=drop_path_rate,

@@ -1,0 +1,53 @@
+"""Independent numpy references for the layer tests."""
+
+import math
+
+import keras
+import numpy as np
+
+_erf = np.vectorize(math.erf)
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def layer_norm(x, gamma, beta, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def dense(x, layer):
+    w = value(layer.kernel)
+    out = x @ w
+    if layer.bias is not None:
+        out = out + value(layer.bias)
+    return out
+
+
+def mlp(x, layer):
+    return dense(gelu(dense(x, layer.fc1)), layer.fc2)
+
+
+def attention(x, layer):
+    b, n, d = x.shape
+    h = layer.num_heads
+    qkv = dense(x, layer.qkv).reshape(b, n, 3, h, d // h)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
+    scores = scores - scores.max(-1, keepdims=True)
+    probs = np.exp(scores)
+    probs = probs / probs.sum(-1, keepdims=True)
+    out = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, d)
+    return dense(out, layer.proj)
+
+
+def norm(x, layer):
+    return layer_norm(
+        x, value(layer.gamma), value(layer.beta), layer.epsilon
+    )
+
+
+def value(variable):
+    return keras.ops.convert_to_numpy(variable).astype("float64")

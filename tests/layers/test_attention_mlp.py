@@ -1,0 +1,123 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_jumbo.layers import MLP
+from keras_jumbo.layers import LayerScale
+from keras_jumbo.layers import MultiHeadSelfAttention
+from keras_jumbo.layers import StochasticDepth
+from keras_jumbo.layers._utils import gelu
+from keras_jumbo.testing import assert_allclose
+from keras_jumbo.testing import randomize_weights
+from keras_jumbo.testing import run_layer_test
+from tests.layers import reference
+from tests.layers.reference import value
+
+
+def test_attention_layer_checks():
+    run_layer_test(
+        MultiHeadSelfAttention,
+        {"num_heads": 2},
+        input_shape=(2, 5, 8),
+        expected_output_shape=(2, 5, 8),
+        expected_num_trainable_weights=4,
+    )
+
+
+def test_attention_equals_keras_multi_head_attention(rng):
+    d, heads = 12, 3
+    ours = MultiHeadSelfAttention(num_heads=heads)
+    x = rng.normal(size=(2, 7, d)).astype("float32")
+    ours(x)
+    randomize_weights(ours)
+    core = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=d // heads)
+    core(x, x)
+    qkv_kernel = value(ours.qkv.kernel).reshape(d, 3, heads, d // heads)
+    qkv_bias = value(ours.qkv.bias).reshape(3, heads, d // heads)
+    for index, dense in enumerate(
+        (core._query_dense, core._key_dense, core._value_dense)
+    ):
+        dense.kernel.assign(qkv_kernel[:, index])
+        dense.bias.assign(qkv_bias[index])
+    core._output_dense.kernel.assign(
+        value(ours.proj.kernel).reshape(heads, d // heads, d)
+    )
+    core._output_dense.bias.assign(value(ours.proj.bias))
+    assert_allclose(ours(x), core(x, x), atol=1e-5)
+    assert_allclose(ours(x), reference.attention(x, ours), atol=1e-5)
+
+
+def test_attention_dropout_only_in_training(rng):
+    layer = MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=0.5)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    assert_allclose(layer(x), reference.attention(x, layer), atol=1e-5)
+    trained = keras.ops.convert_to_numpy(layer(x, training=True))
+    assert not np.allclose(trained, reference.attention(x, layer), atol=1e-4)
+
+
+def test_attention_errors():
+    with pytest.raises(ValueError, match="num_heads"):
+        MultiHeadSelfAttention(num_heads=3).build((1, 4, 8))
+    with pytest.raises(ValueError, match="attention_dropout_rate"):
+        MultiHeadSelfAttention(2, attention_dropout_rate=1.0)
+
+
+def test_gelu_is_exact_gelu(rng):
+    x = rng.normal(size=(100,)).astype("float32") * 3
+    assert_allclose(gelu(x), reference.gelu(x.astype("float64")), atol=1e-6)
+    assert_allclose(
+        gelu(x), keras.activations.gelu(x, approximate=False), atol=1e-6
+    )
+
+
+def test_mlp_layer_checks():
+    run_layer_test(
+        MLP,
+        {"hidden_dim": 16, "dropout_rate": 0.1},
+        input_shape=(2, 5, 8),
+        expected_output_shape=(2, 5, 8),
+        expected_num_trainable_weights=4,
+    )
+
+
+def test_mlp_numbers(rng):
+    layer = MLP(hidden_dim=10, output_dim=3)
+    x = rng.normal(size=(4, 6)).astype("float32")
+    layer(x)
+    randomize_weights(layer)
+    assert_allclose(layer(x), reference.mlp(x, layer), atol=1e-5)
+
+
+def test_stochastic_depth(rng):
+    run_layer_test(
+        StochasticDepth,
+        {"rate": 0.25},
+        input_shape=(4, 3, 2),
+        expected_output_shape=(4, 3, 2),
+        expected_num_trainable_weights=0,
+    )
+    layer = StochasticDepth(0.5, seed=1)
+    x = np.ones((256, 3), "float32")
+    assert_allclose(layer(x), x, atol=0)
+    y = keras.ops.convert_to_numpy(layer(x, training=True))
+    rows = y[:, 0]
+    assert set(np.unique(rows)) <= {0.0, 2.0}
+    assert np.all(y == y[:, :1])  # whole examples are kept or dropped
+    assert 0.3 < (rows == 0).mean() < 0.7
+    with pytest.raises(ValueError, match="rate"):
+        StochasticDepth(1.5)
+
+
+def test_layer_scale(rng):
+    run_layer_test(
+        LayerScale,
+        {"init_value": 0.1},
+        input_shape=(2, 3, 4),
+        expected_output_shape=(2, 3, 4),
+        expected_num_trainable_weights=1,
+    )
+    layer = LayerScale(0.1)
+    x = rng.normal(size=(2, 4)).astype("float32")
+    assert_allclose(layer(x), 0.1 * x, atol=1e-7)
+    with pytest.raises(TypeError, match="init_value"):
+        LayerScale("big")

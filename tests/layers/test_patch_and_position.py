@@ -1,0 +1,104 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_jumbo.layers import PatchEmbedding
+from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.testing import assert_allclose
+from keras_jumbo.testing import randomize_weights
+from keras_jumbo.testing import run_layer_test
+from tests.layers.reference import value
+
+
+def test_patch_embedding_layer_checks():
+    run_layer_test(
+        PatchEmbedding,
+        {"hidden_dim": 8, "patch_size": 4},
+        input_shape=(2, 8, 12, 3),
+        expected_output_shape=(2, 2, 3, 8),
+        expected_num_trainable_weights=2,
+    )
+
+
+def test_patch_embedding_is_flatten_then_dense(rng):
+    layer = PatchEmbedding(hidden_dim=5, patch_size=(2, 3))
+    x = rng.normal(size=(2, 4, 6, 3)).astype("float32")
+    y = keras.ops.convert_to_numpy(layer(x))
+    kernel = value(layer.projection.kernel).reshape(2 * 3 * 3, 5)
+    bias = value(layer.projection.bias)
+    for i in range(2):
+        for j in range(2):
+            patch = x[:, 2 * i : 2 * i + 2, 3 * j : 3 * j + 3, :]
+            expected = patch.reshape(2, -1) @ kernel + bias
+            np.testing.assert_allclose(y[:, i, j], expected, atol=1e-5)
+
+
+def test_patch_embedding_channels_first_matches_channels_last(rng):
+    last = PatchEmbedding(6, 2, data_format="channels_last")
+    first = PatchEmbedding(6, 2, data_format="channels_first")
+    x = rng.normal(size=(2, 4, 4, 3)).astype("float32")
+    last(x)
+    first(np.transpose(x, (0, 3, 1, 2)))
+    first.set_weights(last.get_weights())
+    assert_allclose(first(np.transpose(x, (0, 3, 1, 2))), last(x), atol=1e-6)
+
+
+def test_patch_embedding_errors():
+    with pytest.raises(ValueError, match="patch_size"):
+        PatchEmbedding(4, 3).build((1, 16, 16, 3))
+    with pytest.raises(ValueError, match="hidden_dim"):
+        PatchEmbedding(0, 4)
+    with pytest.raises(ValueError, match="rank 4"):
+        PatchEmbedding(4, 4).build((1, 16, 3))
+    layer = PatchEmbedding(4, 4)
+    layer.build((1, 8, 8, 3))
+    with pytest.raises(ValueError, match="channels"):
+        layer(np.zeros((1, 8, 8, 1), "float32"))
+    with pytest.raises(ValueError, match="data_format"):
+        PatchEmbedding(4, 4, data_format="nchw")
+
+
+def test_position_embedding_layer_checks():
+    run_layer_test(
+        PositionEmbedding,
+        {"grid_size": (2, 3)},
+        input_shape=(2, 2, 3, 8),
+        expected_output_shape=(2, 2, 3, 8),
+        expected_num_trainable_weights=1,
+    )
+
+
+def test_position_embedding_adds_table(rng):
+    layer = PositionEmbedding(grid_size=3)
+    x = rng.normal(size=(2, 3, 3, 4)).astype("float32")
+    y = layer(x)
+    assert_allclose(y, x + value(layer.embeddings)[None], atol=1e-6)
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear", "nearest"])
+def test_position_embedding_resamples_to_other_grids(interpolation):
+    layer = PositionEmbedding(grid_size=4, interpolation=interpolation)
+    layer.build((1, 4, 4, 3))
+    # A constant table must stay constant whatever the resampling kernel.
+    layer.embeddings.assign(np.full((4, 4, 3), 0.7, "float32"))
+    y = layer(np.zeros((1, 7, 5, 3), "float32"))
+    assert tuple(y.shape) == (1, 7, 5, 3)
+    assert_allclose(y, np.full((1, 7, 5, 3), 0.7), atol=1e-5)
+    randomize_weights(layer)
+    table = value(layer.embeddings)
+    assert_allclose(layer.resampled((4, 4)), table, atol=0)
+    # Nearest 2x upsampling repeats each entry.
+    if interpolation == "nearest":
+        big = keras.ops.convert_to_numpy(layer.resampled((8, 8)))
+        np.testing.assert_allclose(big[::2, ::2], table, atol=1e-6)
+
+
+def test_position_embedding_errors():
+    with pytest.raises(ValueError, match="grid_size"):
+        PositionEmbedding(0)
+    with pytest.raises(ValueError, match="interpolation"):
+        PositionEmbedding(4, interpolation="area51")
+    layer = PositionEmbedding(2)
+    layer.build((1, 2, 2, 4))
+    with pytest.raises(ValueError, match="4 features"):
+        layer(np.zeros((1, 2, 2, 5), "float32"))
