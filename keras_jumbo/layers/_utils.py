@@ -15,6 +15,7 @@ def gelu(x):
     PyTorch's `nn.GELU()`, but expressed with `erf` so that exported graphs
     need no `Erfc` kernel (onnxruntime has none).
     """
+    x = ops.convert_to_tensor(x)
     return 0.5 * x * (1.0 + ops.erf(x * _SQRT_HALF))
 
 

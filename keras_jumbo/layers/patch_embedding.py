@@ -89,7 +89,9 @@ class PatchEmbedding(keras.layers.Layer):
                     f"patch_size={self.patch_size}"
                 )
         self.num_channels = self._spatial(input_shape)[2]
-        self.projection.build((input_shape[0], height, width, self.num_channels))
+        self.projection.build(
+            (input_shape[0], height, width, self.num_channels)
+        )
 
     def call(self, inputs):
         check_rank(self, inputs.shape, 4)
@@ -108,7 +110,7 @@ class PatchEmbedding(keras.layers.Layer):
         height, width, _ = self._spatial(input_shape)
         grid = [
             None if s is None else s // p
-            for s, p in zip((height, width), self.patch_size)
+            for s, p in zip((height, width), self.patch_size, strict=True)
         ]
         return (input_shape[0], grid[0], grid[1], self.hidden_dim)
 

@@ -293,9 +293,7 @@ class TransformerBlock(keras.layers.Layer):
         jumbo = jumbo_merge(x[:, :num_jumbo])
         jumbo = self._jumbo_ffn(jumbo, training, shared_jumbo_mlp)
         patches = self._patch_ffn(x[:, num_jumbo:], training)
-        return ops.concatenate(
-            [jumbo_split(jumbo, num_jumbo), patches], axis=1
-        )
+        return ops.concatenate([jumbo_split(jumbo, num_jumbo), patches], axis=1)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

@@ -144,12 +144,12 @@ def build_vision_transformer(
     check_rate("head_dropout_rate", head_dropout_rate)
     image_size = to_pair("image_size", image_size)
     patch_size = to_pair("patch_size", patch_size)
-    for axis, (img, patch) in enumerate(zip(image_size, patch_size)):
-        if img % patch:
-            raise ValueError(
-                "`image_size` must be divisible by `patch_size`. Received: "
-                f"image_size={image_size}, patch_size={patch_size}"
-            )
+    pairs = zip(image_size, patch_size, strict=True)
+    if any(img % patch for img, patch in pairs):
+        raise ValueError(
+            "`image_size` must be divisible by `patch_size`. Received: "
+            f"image_size={image_size}, patch_size={patch_size}"
+        )
     for ratio_name, ratio in (
         ("mlp_ratio", mlp_ratio),
         ("jumbo_mlp_ratio", jumbo_mlp_ratio),

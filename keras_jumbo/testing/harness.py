@@ -62,7 +62,7 @@ def trainable_weight_changes(model, x, y, loss="mse", steps=1):
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
     model.fit(x, y, batch_size=len(x), epochs=steps, verbose=0)
     changed, unchanged = [], []
-    for variable, old in zip(model.trainable_weights, before):
+    for variable, old in zip(model.trainable_weights, before, strict=True):
         moved = not np.array_equal(_numpy(variable), old)
         (changed if moved else unchanged).append(variable.path)
     return changed, unchanged

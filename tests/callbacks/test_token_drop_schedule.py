@@ -57,8 +57,14 @@ def test_schedule_drives_token_dropping_in_fit():
 
 def test_set_token_drop_rate_and_errors():
     model = JumboViT(
-        "pico", hidden_dim=8, num_heads=2, depth=1, image_size=8,
-        patch_size=4, num_classes=2, jumbo_multiplier=1,
+        "pico",
+        hidden_dim=8,
+        num_heads=2,
+        depth=1,
+        image_size=8,
+        patch_size=4,
+        num_classes=2,
+        jumbo_multiplier=1,
     )
     assert set_token_drop_rate(model, 0.5)  # 4 -> 2 kept tokens
     assert token_dropping_layers(model)[0].rate == 0.5

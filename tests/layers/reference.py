@@ -44,9 +44,7 @@ def attention(x, layer):
 
 
 def norm(x, layer):
-    return layer_norm(
-        x, value(layer.gamma), value(layer.beta), layer.epsilon
-    )
+    return layer_norm(x, value(layer.gamma), value(layer.beta), layer.epsilon)
 
 
 def value(variable):

@@ -8,7 +8,6 @@ from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
 from tests.layers import reference
-from tests.layers.reference import value
 
 
 def reference_plain_block(x, block):
@@ -46,8 +45,14 @@ def reference_jumbo_block(x, block, shared_mlp=None):
         ({}, 12),
         ({"jumbo_multiplier": 2, "jumbo_mlp_dim": 24}, 18),
         ({"layer_scale_init_value": 0.1}, 14),
-        ({"jumbo_multiplier": 2, "jumbo_mlp_dim": 24, "use_patch_mlp": False},
-         12),
+        (
+            {
+                "jumbo_multiplier": 2,
+                "jumbo_mlp_dim": 24,
+                "use_patch_mlp": False,
+            },
+            12,
+        ),
     ],
 )
 def test_block_layer_checks(kwargs, num_weights):
@@ -182,8 +187,9 @@ def test_block_errors():
     with pytest.raises(ValueError, match="dropout_rate"):
         TransformerBlock(2, 8, dropout_rate=-0.1)
     with pytest.raises(ValueError, match="share_jumbo_mlp"):
-        TransformerBlock(2, 8, jumbo_multiplier=2, jumbo_mlp_dim=8,
-                         jumbo_lora_rank=2)
+        TransformerBlock(
+            2, 8, jumbo_multiplier=2, jumbo_mlp_dim=8, jumbo_lora_rank=2
+        )
     with pytest.raises(ValueError, match="at least"):
         TransformerBlock(2, 8, jumbo_multiplier=4, jumbo_mlp_dim=8).build(
             (1, 3, 8)

@@ -132,8 +132,12 @@ def test_with_image_size_runs_at_a_new_resolution():
     ][0]
     assert position.grid_size == (2, 2)
     # The 4x4 grid at 32 px used the resampled 2x2 table.
-    grid = keras.Model(large.input, large.get_layer("position_embedding").output)
-    patches = keras.Model(large.input, large.get_layer("patch_embedding").output)
+    grid = keras.Model(
+        large.input, large.get_layer("position_embedding").output
+    )
+    patches = keras.Model(
+        large.input, large.get_layer("patch_embedding").output
+    )
     z = tiny_images(size=32)
     table = keras.ops.convert_to_numpy(position.resampled((4, 4)))
     expected = np.broadcast_to(table[None], (2, 4, 4, 16))
@@ -200,14 +204,20 @@ def test_parameter_counts_reproduce_jumbo_table_3():
         ),
         (
             models.JumboViT,
-            dict(share_jumbo_mlp=True, jumbo_lora_rank=8,
-                 last_block_patch_mlp=True),
+            dict(
+                share_jumbo_mlp=True,
+                jumbo_lora_rank=8,
+                last_block_patch_mlp=True,
+            ),
             88.8e6,
         ),
         (
             models.JumboViT,
-            dict(share_jumbo_mlp=True, jumbo_lora_rank=32,
-                 last_block_patch_mlp=True),
+            dict(
+                share_jumbo_mlp=True,
+                jumbo_lora_rank=32,
+                last_block_patch_mlp=True,
+            ),
             90.1e6,
         ),
     ]
@@ -229,7 +239,7 @@ def test_parameter_counts_reproduce_jumbo_table_3():
 @pytest.mark.large
 def test_nano_builds_with_defaults():
     model = models.JumboViT("nano", num_classes=1000)
-    encoder = [l for l in model.layers if isinstance(l, TransformerEncoder)][0]
+    encoder = [x for x in model.layers if isinstance(x, TransformerEncoder)][0]
     assert encoder.jumbo_multiplier == 6
     assert encoder.jumbo_mlp_dim == 4 * 6 * 128
     assert tuple(model.input.shape) == (None, 224, 224, 3)

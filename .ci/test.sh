@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The project's test command (README): lint, then the test suite on every
+# Keras backend -- the full suite on JAX (including the full-size parameter
+# counts), every layer/model/converter check on TensorFlow and PyTorch --
+# then a short real run of the main example.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export PYTHONHASHSEED=0
+
+"$PYTHON" -m ruff check keras_jumbo tests examples benchmarks
+"$PYTHON" -m ruff format --check keras_jumbo tests examples benchmarks
+
+status=0
+for backend in jax tensorflow torch; do
+  marker=()
+  [ "$backend" = jax ] || marker=(-m "not large")
+  echo "=== pytest, KERAS_BACKEND=$backend ==="
+  KERAS_BACKEND=$backend "$PYTHON" -m pytest -q -p no:warnings "${marker[@]}" tests \
+    || status=1
+done
+
+echo "=== example smoke run (real Fashion-MNIST, JAX) ==="
+KERAS_BACKEND=jax CI=1 "$PYTHON" examples/train_fashion_mnist.py \
+  --epochs 1 --train-examples 2048 || status=1
+exit $status

@@ -1,0 +1,44 @@
+"""Package-level rules: public surface, and no backend imports in layers."""
+
+import pathlib
+import re
+
+import keras_jumbo
+
+PACKAGE = pathlib.Path(keras_jumbo.__file__).parent
+BACKEND_IMPORT = re.compile(
+    r"^\s*(import|from)\s+(tensorflow|torch|jax)\b", re.M
+)
+ALLOWED = {"convert", "data"}  # export and data loading may need a backend
+
+
+def test_library_code_imports_no_backend_outside_convert_and_data():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        top = path.relative_to(PACKAGE).parts[0]
+        if top in ALLOWED:
+            continue
+        if BACKEND_IMPORT.search(path.read_text()):
+            offenders.append(str(path.relative_to(PACKAGE)))
+    assert not offenders, offenders
+
+
+def test_public_surface():
+    for name in (
+        "JumboViT",
+        "RegistersViT",
+        "ViT",
+        "list_models",
+        "create_model",
+    ):
+        assert hasattr(keras_jumbo.models, name)
+    for name in (
+        "JumboToken",
+        "Registers",
+        "TokenDropping",
+        "TransformerBlock",
+    ):
+        assert hasattr(keras_jumbo.layers, name)
+    assert hasattr(keras_jumbo.callbacks, "TokenDropSchedule")
+    assert hasattr(keras_jumbo.convert, "load_official_jumbo")
+    assert keras_jumbo.__version__
