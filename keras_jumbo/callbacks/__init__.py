@@ -1,7 +1,15 @@
 """Training callbacks (schedules driven by the training step)."""
 
+from keras_jumbo.callbacks.join_schedule import JoinSchedule
+from keras_jumbo.callbacks.join_schedule import join_lambda_at
 from keras_jumbo.callbacks.token_drop_schedule import TokenDropSchedule
 from keras_jumbo.callbacks.token_drop_schedule import set_token_drop_rate
 from keras_jumbo.callbacks.token_drop_schedule import token_dropping_layers
 
-__all__ = ["TokenDropSchedule", "set_token_drop_rate", "token_dropping_layers"]
+__all__ = [
+    "JoinSchedule",
+    "TokenDropSchedule",
+    "join_lambda_at",
+    "set_token_drop_rate",
+    "token_dropping_layers",
+]

@@ -1,6 +1,19 @@
-"""Converters: official checkpoints in; (later) reparameterisation, export."""
+"""Converters: official checkpoints in, branchy models collapsed."""
 
+from keras_jumbo.convert.join import get_join_lambda
+from keras_jumbo.convert.join import join_layers
+from keras_jumbo.convert.join import set_join_lambda
 from keras_jumbo.convert.official_jumbo import load_official_jumbo
 from keras_jumbo.convert.official_jumbo import official_jumbo_model
+from keras_jumbo.convert.reparameterize import merged_block_weights
+from keras_jumbo.convert.reparameterize import reparameterize
 
-__all__ = ["load_official_jumbo", "official_jumbo_model"]
+__all__ = [
+    "get_join_lambda",
+    "join_layers",
+    "load_official_jumbo",
+    "merged_block_weights",
+    "official_jumbo_model",
+    "reparameterize",
+    "set_join_lambda",
+]

@@ -1,15 +1,18 @@
 """Keras layers of keras_jumbo (one public layer per module)."""
 
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
+from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.class_token import ClassToken
 from keras_jumbo.layers.jumbo_token import JumboToken
 from keras_jumbo.layers.jumbo_token import jumbo_merge
 from keras_jumbo.layers.jumbo_token import jumbo_split
 from keras_jumbo.layers.layer_scale import LayerScale
 from keras_jumbo.layers.mlp import MLP
+from keras_jumbo.layers.parallel_branch_block import ParallelBranchBlock
 from keras_jumbo.layers.patch_embedding import PatchEmbedding
 from keras_jumbo.layers.position_embedding import PositionEmbedding
 from keras_jumbo.layers.prefix_tokens import PrefixTokens
+from keras_jumbo.layers.progressive_join import ProgressiveJoin
 from keras_jumbo.layers.registers import Registers
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 from keras_jumbo.layers.token_dropping import TokenDropping
@@ -17,6 +20,9 @@ from keras_jumbo.layers.transformer_block import TransformerBlock
 from keras_jumbo.layers.transformer_encoder import TransformerEncoder
 
 __all__ = [
+    "BlockwiseMHSA",
+    "ParallelBranchBlock",
+    "ProgressiveJoin",
     "ClassToken",
     "JumboToken",
     "LayerScale",

@@ -1,5 +1,6 @@
 """Functional model builders and the model registry."""
 
+from keras_jumbo.models.non_deep_vit import NonDeepViT
 from keras_jumbo.models.registry import create_model
 from keras_jumbo.models.registry import list_models
 from keras_jumbo.models.registry import register_model
@@ -12,6 +13,7 @@ from keras_jumbo.models.vit_sizes import VIT_SIZES
 
 __all__ = [
     "JumboViT",
+    "NonDeepViT",
     "RegistersViT",
     "TokenPooling",
     "VIT_SIZES",

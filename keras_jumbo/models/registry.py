@@ -1,5 +1,6 @@
 """Model registry: `list_models()` and `create_model(name, **overrides)`."""
 
+from keras_jumbo.models.non_deep_vit import NonDeepViT
 from keras_jumbo.models.vision_transformer import JumboViT
 from keras_jumbo.models.vision_transformer import RegistersViT
 from keras_jumbo.models.vision_transformer import ViT
@@ -19,6 +20,15 @@ for _size in VIT_SIZES:
     register_model(f"vit_{_size}", ViT, size=_size)
     register_model(f"registers_vit_{_size}", RegistersViT, size=_size)
     register_model(f"jumbo_vit_{_size}", JumboViT, size=_size)
+
+# Non-Deep ViT, Tables 1 and 6: L=12 folded into depth x branches.
+for _depth, _branches in ((6, 2), (4, 3), (3, 4)):
+    register_model(
+        f"non_deep_vit_{_depth}x{_branches}",
+        NonDeepViT,
+        depth=_depth,
+        num_branches=_branches,
+    )
 
 
 def list_models(pattern=None):

@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import JumboToken
+from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import Registers
@@ -116,6 +117,9 @@ def build_vision_transformer(
     qkv_bias=True,
     token_drop_rate=0.0,
     last_block_patch_mlp=None,
+    num_branches=1,
+    initial_lambda=0.0,
+    diversity_weight=0.0,
     data_format=None,
     name=None,
 ):
@@ -164,7 +168,16 @@ def build_vision_transformer(
                 f"`{ratio_name}` must be > 0. Received: {ratio_name}={ratio}"
             )
     check_choice("head", head, HEADS)
+    check_positive_int("num_branches", num_branches)
     is_jumbo = jumbo_multiplier > 0
+    if num_branches > 1 and (is_jumbo or token_drop_rate):
+        raise ValueError(
+            "Parallel branches (num_branches > 1) are built for plain ViTs; "
+            "they do not combine with Jumbo tokens or token dropping. "
+            f"Received: num_branches={num_branches}, "
+            f"jumbo_multiplier={jumbo_multiplier}, "
+            f"token_drop_rate={token_drop_rate}"
+        )
     if head in ("jumbo", "official") and not is_jumbo:
         raise ValueError(
             f"head={head!r} reads the Jumbo token; use it with "
@@ -201,6 +214,27 @@ def build_vision_transformer(
     )
     position_embedding = PositionEmbedding(grid, name="position_embedding")
     token_dropping = TokenDropping(token_drop_rate, name="token_dropping")
+    branch_blocks = [
+        ParallelBranchBlock(
+            num_heads,
+            mlp_dim,
+            num_branches=num_branches,
+            initial_lambda=initial_lambda,
+            # α · mean over every attention and FFN module (§4).
+            diversity_weight=diversity_weight / depth,
+            dropout_rate=dropout_rate,
+            attention_dropout_rate=attention_dropout_rate,
+            drop_path_rate=(
+                drop_path_rate * index / max(depth - 1, 1)
+                if drop_path_schedule == "linear"
+                else drop_path_rate
+            ),
+            layer_norm_epsilon=layer_norm_epsilon,
+            activation=activation,
+            name=f"branch_block_{index}",
+        )
+        for index in range(depth if num_branches > 1 else 0)
+    ]
     encoder = TransformerEncoder(
         depth,
         num_heads,
@@ -236,7 +270,11 @@ def build_vision_transformer(
             x = Registers(num_registers, name="registers")(x)
         if use_class_token:
             x = ClassToken(name="class_token")(x)
-    x = encoder(x)
+    if branch_blocks:
+        for block in branch_blocks:
+            x = block(x)
+    else:
+        x = encoder(x)
     if head == "jumbo":
         # The paper's head: LayerNorm over the reassembled J*D token, then
         # J*D -> classes (§3.2).

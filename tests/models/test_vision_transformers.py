@@ -25,7 +25,9 @@ def tiny_images(batch=2, size=16, channels=3):
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in models.list_models() if n.endswith("_pico")]
+    "name",
+    [n for n in models.list_models() if n.endswith("_pico")]
+    + ["non_deep_vit_6x2", "non_deep_vit_3x4"],
 )
 def test_registered_models_pass_model_checks(name):
     overrides = dict(TINY)
@@ -33,6 +35,8 @@ def test_registered_models_pass_model_checks(name):
         overrides["num_registers"] = 2
     if name.startswith("jumbo"):
         overrides["jumbo_multiplier"] = 2
+    if name.startswith("non_deep"):
+        overrides["depth"] = 1
     model = models.create_model(name, **overrides)
     run_model_test(model, tiny_images())
 

@@ -1,0 +1,261 @@
+"""Collapse a trained branchy NonDeepViT into a plain shallow ViT, exactly."""
+
+import keras
+import numpy as np
+
+from keras_jumbo.convert.join import get_join_lambda
+from keras_jumbo.layers import ClassToken
+from keras_jumbo.layers import ParallelBranchBlock
+from keras_jumbo.layers import PatchEmbedding
+from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.models.vision_transformer import TokenPooling
+
+
+def _np(variable):
+    return keras.ops.convert_to_numpy(variable).astype("float64")
+
+
+def _one(model, kind):
+    found = [layer for layer in model.layers if isinstance(layer, kind)]
+    return found[0] if found else None
+
+
+def merged_block_weights(block):
+    """Single-branch weights of a `ParallelBranchBlock` at λ=1 (numpy).
+
+    Attention: per head, the n branches' query and key kernels are
+    concatenated (key width n·d_k: Σ_b Q_b K_bᵀ = [Q_1..Q_n][K_1..K_n]ᵀ);
+    value and output kernels and all biases of V/O are summed. FFN: first
+    and second layers summed (§3.3, eq. 6-9).
+    """
+    att = block.attention
+    n = block.num_branches
+
+    def concat(kernel):  # (n, D, H, k) -> (D, H, n*k)
+        return np.concatenate([kernel[b] for b in range(n)], axis=-1)
+
+    weights = {
+        "query_kernel": concat(_np(att.query_kernel)),
+        "key_kernel": concat(_np(att.key_kernel)),
+        "value_kernel": _np(att.value_kernel).sum(0),
+        "output_kernel": _np(att.output_kernel).sum(0),
+        "fc1_kernel": _np(block.fc1_kernel).sum(0),
+        "fc1_bias": _np(block.fc1_bias).sum(0),
+        "fc2_kernel": _np(block.fc2_kernel).sum(0),
+        "fc2_bias": _np(block.fc2_bias).sum(0),
+        "norm1": (_np(block.norm1.gamma), _np(block.norm1.beta)),
+        "norm2": (_np(block.norm2.gamma), _np(block.norm2.beta)),
+    }
+    if att.use_bias:
+        weights["query_bias"] = np.concatenate(
+            [_np(att.query_bias)[b] for b in range(n)], axis=-1
+        )
+        weights["key_bias"] = np.concatenate(
+            [_np(att.key_bias)[b] for b in range(n)], axis=-1
+        )
+        weights["value_bias"] = _np(att.value_bias).sum(0)
+        weights["output_bias"] = _np(att.output_bias).sum(0)
+    return weights
+
+
+def _absorb(gamma, beta, kernel, bias):
+    """LN affine folded into the next linear map (Non-Deep ViT eq. 1).
+
+    `(n̂·γ + β) W + b = n̂ (diag(γ) W) + (β W + b)`, for kernels whose first
+    axis is the input width (any trailing shape).
+    """
+    shape = (-1,) + (1,) * (kernel.ndim - 1)
+    new_kernel = kernel * gamma.reshape(shape)
+    new_bias = np.tensordot(beta, kernel, axes=(0, 0)) + bias
+    return new_kernel, new_bias
+
+
+def _pad_values(weights, width):
+    """Zero-pad the value width of merged attention weights to `width`."""
+    extra = width - weights["value_kernel"].shape[-1]
+    if extra <= 0:
+        return weights
+    weights = dict(weights)
+    weights["value_kernel"] = np.pad(
+        weights["value_kernel"], [(0, 0), (0, 0), (0, extra)]
+    )
+    weights["output_kernel"] = np.pad(
+        weights["output_kernel"], [(0, 0), (0, extra), (0, 0)]
+    )
+    if "value_bias" in weights:
+        weights["value_bias"] = np.pad(
+            weights["value_bias"], [(0, 0), (0, extra)]
+        )
+    return weights
+
+
+def reparameterize(
+    model, force=False, absorb_layer_norm=True, pad_values="auto"
+):
+    """Return a plain shallow ViT computing what the branchy model does at λ=1.
+
+    The result is built from stock Keras layers (`LayerNormalization`,
+    `MultiHeadAttention(key_dim=n·d_k, value_dim=d_v)`, `Dense`) plus the
+    model's own stem and pooling layers; no branch code remains. Outputs
+    match the branchy model at λ=1 to float32 rounding (tested: <= 1e-5).
+
+    Args:
+        model: a `NonDeepViT` (any functional model of `ParallelBranchBlock`s
+            on the ViT stem).
+        force: the branches are joined exactly only at λ=1. With λ < 1 a
+            `ValueError` is raised unless `force=True`, in which case the
+            result is the model's λ=1 function, not its current one.
+        absorb_layer_norm: fold every LayerNorm's γ and β into the next
+            linear layer (q/k/v projections, first FFN layer, head; §3.2
+            eq. 1), leaving parameter-free LayerNorms. Exact.
+        pad_values: `"auto"`, True or False. Keras 3.15's JAX attention
+            path fails when the value width differs from the key width
+            (`jax.nn.dot_product_attention` needs equal widths and Keras'
+            fallback mis-reshapes), so on JAX (`"auto"`) the value
+            projection is zero-padded from d_v to n·d_k: still exact, but
+            the value and A·V products cost n times more. Reparameterise
+            under TensorFlow or PyTorch (or pass False) for the lean model,
+            e.g. before TFLite export.
+
+    Returns:
+        A new functional `keras.Model`.
+    """
+    lambdas = get_join_lambda(model)
+    blocks = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, ParallelBranchBlock)
+    ]
+    if not blocks:
+        raise ValueError(
+            "reparameterize expects a model with ParallelBranchBlock layers "
+            f"(a NonDeepViT). Received: model {model.name!r} with none"
+        )
+    if not force and any(abs(lam - 1.0) > 1e-6 for lam in lambdas):
+        raise ValueError(
+            "The branches are joined exactly only at λ=1 (finish the "
+            "JoinSchedule, or pass force=True to get the λ=1 function). "
+            f"Received: λ values {sorted(set(lambdas))}"
+        )
+    patch = _one(model, PatchEmbedding)
+    position = _one(model, PositionEmbedding)
+    class_token = _one(model, ClassToken)
+    pooling = _one(model, TokenPooling)
+    final_norm = model.get_layer("final_norm")
+    head = (
+        model.get_layer("head")
+        if "head" in [layer.name for layer in model.layers]
+        else None
+    )
+
+    # === Functional Model (stock layers) ===
+    inputs = keras.Input(shape=model.inputs[0].shape[1:], name="images")
+    new_patch = PatchEmbedding.from_config(patch.get_config())
+    new_position = PositionEmbedding.from_config(position.get_config())
+    x = new_position(new_patch(inputs))
+    dim = patch.hidden_dim
+    x = keras.layers.Reshape((-1, dim), name="flatten")(x)
+    new_class_token = None
+    if class_token is not None:
+        new_class_token = ClassToken.from_config(class_token.get_config())
+        x = new_class_token(x)
+    if pad_values == "auto":
+        pad_values = keras.backend.backend() == "jax"
+    assignments = []
+    for index, block in enumerate(blocks):
+        w = merged_block_weights(block)
+        if pad_values:
+            w = _pad_values(w, w["query_kernel"].shape[-1])
+        eps = block.layer_norm_epsilon
+        affine = not absorb_layer_norm
+        norm1 = keras.layers.LayerNormalization(
+            epsilon=eps, center=affine, scale=affine, name=f"block_{index}_ln1"
+        )
+        heads = block.attention.num_heads
+        key_dim = w["query_kernel"].shape[-1]
+        value_dim = w["value_kernel"].shape[-1]
+        attention = keras.layers.MultiHeadAttention(
+            num_heads=heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            use_bias=block.attention.use_bias,
+            name=f"block_{index}_attention",
+        )
+        h = norm1(x)
+        x = keras.layers.Add(name=f"block_{index}_add1")([x, attention(h, h)])
+        norm2 = keras.layers.LayerNormalization(
+            epsilon=eps, center=affine, scale=affine, name=f"block_{index}_ln2"
+        )
+        fc1 = keras.layers.Dense(
+            w["fc1_kernel"].shape[-1],
+            activation=block.activation,
+            name=f"block_{index}_fc1",
+        )
+        fc2 = keras.layers.Dense(dim, name=f"block_{index}_fc2")
+        x = keras.layers.Add(name=f"block_{index}_add2")(
+            [x, fc2(fc1(norm2(x)))]
+        )
+        assignments.append((w, norm1, attention, norm2, fc1, fc2))
+    token_head = pooling.mode in ("token", "avg")
+    fold_final = absorb_layer_norm and head is not None and token_head
+    new_final = keras.layers.LayerNormalization(
+        epsilon=final_norm.epsilon,
+        center=not fold_final,
+        scale=not fold_final,
+        name="final_norm",
+    )
+    x = new_final(x)
+    x = TokenPooling.from_config(pooling.get_config())(x)
+    new_head = None
+    if head is not None:
+        new_head = keras.layers.Dense(
+            head.units, activation=head.activation, name="head"
+        )
+        x = new_head(x)
+    result = keras.Model(inputs, x, name=f"{model.name}_reparameterized")
+
+    # === Weights ===
+    new_patch.set_weights(patch.get_weights())
+    new_position.set_weights(position.get_weights())
+    if new_class_token is not None:
+        new_class_token.set_weights(class_token.get_weights())
+    for w, norm1, attention, norm2, fc1, fc2 in assignments:
+        names = ("query", "key", "value")
+        kernels = {name: w[f"{name}_kernel"] for name in names}
+        biases = {
+            name: w.get(f"{name}_bias", np.zeros(kernels[name].shape[1:]))
+            for name in names
+        }
+        fc1_kernel, fc1_bias = w["fc1_kernel"], w["fc1_bias"]
+        if absorb_layer_norm:
+            for name in names:
+                kernels[name], biases[name] = _absorb(
+                    *w["norm1"], kernels[name], biases[name]
+                )
+            fc1_kernel, fc1_bias = _absorb(*w["norm2"], fc1_kernel, fc1_bias)
+        else:
+            norm1.set_weights(list(w["norm1"]))
+            norm2.set_weights(list(w["norm2"]))
+        dense = {
+            "query": attention._query_dense,
+            "key": attention._key_dense,
+            "value": attention._value_dense,
+        }
+        for name in names:
+            dense[name].kernel.assign(kernels[name])
+            if attention._use_bias:
+                dense[name].bias.assign(biases[name])
+        attention._output_dense.kernel.assign(w["output_kernel"])
+        if attention._use_bias:
+            attention._output_dense.bias.assign(w["output_bias"])
+        fc1.set_weights([fc1_kernel, fc1_bias])
+        fc2.set_weights([w["fc2_kernel"], w["fc2_bias"]])
+    gamma, beta = _np(final_norm.gamma), _np(final_norm.beta)
+    if fold_final:
+        kernel, bias = _absorb(gamma, beta, _np(head.kernel), _np(head.bias))
+        new_head.set_weights([kernel, bias])
+    else:
+        new_final.set_weights([gamma, beta])
+        if new_head is not None:
+            new_head.set_weights(head.get_weights())
+    return result

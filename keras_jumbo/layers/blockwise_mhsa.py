@@ -1,0 +1,251 @@
+import math
+
+import keras
+from keras import ops
+
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rank
+from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers.progressive_join import ProgressiveJoin
+
+
+def pairwise_cosine_squared(branches):
+    """Mean over branch pairs of E[cos(f_i, f_j)^2], branches on axis -2.
+
+    `branches` has shape `(..., n, D)`; the cosine is taken over D for each
+    position, squared, averaged over positions and over the n(n-1)/2 pairs
+    (Non-Deep ViT §4, diversity regularisation).
+    """
+    n = branches.shape[-2]
+    norm = ops.sqrt(ops.sum(ops.square(branches), axis=-1, keepdims=True))
+    unit = branches / ops.maximum(norm, 1e-6)
+    gram = ops.einsum("...id,...jd->...ij", unit, unit)
+    off_diagonal = ops.sum(ops.square(gram)) - ops.sum(
+        ops.square(ops.diagonal(gram, axis1=-2, axis2=-1))
+    )
+    positions = ops.cast(ops.size(gram) // (n * n), gram.dtype)
+    return off_diagonal / (positions * n * (n - 1))
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class BlockwiseMHSA(keras.layers.Layer):
+    """Blockwise multi-head self-attention, optionally with n branches.
+
+    Every head h has its own Q, K, V projections and its own block
+    `W^O_h` of the output projection; head outputs are projected and
+    summed instead of concatenated (Non-Deep ViT §3.2, eq. 3):
+
+        out = Σ_h softmax(Q_h K_hᵀ / sqrt(d_k)) V_h W^O_h
+
+    With one branch this is standard multi-head attention (equal to
+    `keras.layers.MultiHeadAttention` given the same weights, whose kernel
+    layout — `(D, heads, d_k)` and `(heads, d_v, D)` — it shares).
+
+    With `num_branches=n > 1`, n independent attentions read the same
+    input and are progressively joined (§3.3, eq. 4-7; Algorithm 1): the
+    scores `Q_b K_bᵀ = X W_b Xᵀ` (W_b = W^Q_b W^K_bᵀ, computed the cheap way)
+    of branch b become `S_b + λ Σ_{b'≠b} S_b'`, scaled by
+    `1 / (sqrt(1 + (n-1)λ²) sqrt(d_k))`; the values are joined the same way
+    (`join_values=True`); the branch outputs are summed. At λ=1 every branch
+    computes `softmax(X ΣW_b Xᵀ / sqrt(n d_k)) · X ΣW^V_b`, so the layer is
+    exactly one attention with key width `n·d_k` (the branches' Q and K
+    concatenated per head) and summed V and W^O — see
+    `keras_jumbo.convert.reparameterize`.
+
+    Joining the values is this library's default and the only exact choice:
+    without it (the paper's eq. 6-7 taken literally) summing W^V and W^O
+    across branches adds cross terms W^V_a W^O_b that the branchy model never
+    computed.
+
+    Args:
+        num_heads: int, heads per branch.
+        key_dim: int or None, d_k per head (default: width / num_heads).
+        value_dim: int or None, d_v per head (default: key_dim).
+        num_branches: int >= 1, parallel branches n.
+        use_bias: bool, biases on Q, K, V and the output.
+        initial_lambda: float in [0, 1], the starting joining weight λ.
+        diversity_weight: float >= 0; when > 0 the layer adds
+            `diversity_weight * mean_pairs E[cos(O_i, O_j)^2]` over its branch
+            outputs as a loss (`layer.losses`).
+        attention_dropout_rate: float, dropout on attention probabilities.
+        dropout_rate: float, dropout on the output.
+        kernel_initializer: initializer of the kernels.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(batch, length, D)`.
+        training: bool.
+
+    Returns:
+        `(batch, length, D)`.
+
+    Example:
+    >>> attention = BlockwiseMHSA(num_heads=4, num_branches=2)
+    >>> attention(np.zeros((2, 5, 16))).shape
+    (2, 5, 16)
+
+    Reference: "Non-Deep Vision Transformers" (../shared/papers/
+    non_deep_vit.txt), §3.2-3.3, Algorithm 1.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim=None,
+        value_dim=None,
+        num_branches=1,
+        use_bias=True,
+        initial_lambda=0.0,
+        diversity_weight=0.0,
+        attention_dropout_rate=0.0,
+        dropout_rate=0.0,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        if key_dim is not None:
+            check_positive_int("key_dim", key_dim)
+        if value_dim is not None:
+            check_positive_int("value_dim", value_dim)
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.num_branches = check_positive_int("num_branches", num_branches)
+        self.use_bias = use_bias
+        self.initial_lambda = initial_lambda
+        if not isinstance(diversity_weight, (int, float)) or (
+            diversity_weight < 0
+        ):
+            raise ValueError(
+                "`diversity_weight` must be a float >= 0. "
+                f"Received: diversity_weight={diversity_weight!r}"
+            )
+        self.diversity_weight = float(diversity_weight)
+        self.attention_dropout_rate = check_rate(
+            "attention_dropout_rate", attention_dropout_rate
+        )
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.join = ProgressiveJoin(
+            self.num_branches,
+            initial_lambda=initial_lambda,
+            dtype=self.dtype_policy,
+            name="join",
+        )
+        self.seed_generator = keras.random.SeedGenerator()
+        self.dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="dropout"
+        )
+
+    def build(self, input_shape):
+        check_rank(self, input_shape, 3)
+        dim = input_shape[-1]
+        if dim is None:
+            raise ValueError(
+                "The last axis of the input of BlockwiseMHSA must be defined. "
+                f"Received: input_shape={input_shape}"
+            )
+        key_dim = self.key_dim
+        if key_dim is None:
+            if dim % self.num_heads:
+                raise ValueError(
+                    "The model width must be divisible by `num_heads` when "
+                    f"`key_dim` is not given. Received: width={dim}, "
+                    f"num_heads={self.num_heads}"
+                )
+            key_dim = dim // self.num_heads
+        self._key_dim = key_dim
+        self._value_dim = self.value_dim or key_dim
+        n, h = self.num_branches, self.num_heads
+
+        def kernel(name, shape):
+            return self.add_weight(
+                name=name, shape=shape, initializer=self.kernel_initializer
+            )
+
+        def bias(name, shape):
+            if not self.use_bias:
+                return None
+            return self.add_weight(name=name, shape=shape, initializer="zeros")
+
+        self.query_kernel = kernel("query_kernel", (n, dim, h, key_dim))
+        self.query_bias = bias("query_bias", (n, h, key_dim))
+        self.key_kernel = kernel("key_kernel", (n, dim, h, key_dim))
+        self.key_bias = bias("key_bias", (n, h, key_dim))
+        self.value_kernel = kernel("value_kernel", (n, dim, h, self._value_dim))
+        self.value_bias = bias("value_bias", (n, h, self._value_dim))
+        self.output_kernel = kernel(
+            "output_kernel", (n, h, self._value_dim, dim)
+        )
+        self.output_bias = bias("output_bias", (n, dim))
+
+    def _project(self, x, kernel, bias):
+        y = ops.einsum("bsd,ndhk->bsnhk", x, ops.cast(kernel, x.dtype))
+        if bias is not None:
+            y = y + ops.cast(bias, x.dtype)
+        return y
+
+    def branch_outputs(self, inputs, training=None):
+        """Per-branch outputs `(batch, length, n, D)` (summed by `call`)."""
+        x = inputs
+        q = self._project(x, self.query_kernel, self.query_bias)
+        k = self._project(x, self.key_kernel, self.key_bias)
+        v = self._project(x, self.value_kernel, self.value_bias)
+        scores = ops.einsum("bqnhk,bsnhk->bnhqs", q, k)
+        if self.num_branches > 1:
+            scores = self.join(scores)  # branches on axis 1
+            scale = ops.cast(self.join.score_scale(self._key_dim), x.dtype)
+            v = self.join_values(v)
+        else:
+            scale = 1.0 / math.sqrt(self._key_dim)
+        probs = ops.softmax(scores * scale, axis=-1)
+        if training and self.attention_dropout_rate > 0.0:
+            keep = 1.0 - self.attention_dropout_rate
+            noise = keras.random.uniform(
+                ops.shape(probs), dtype=probs.dtype, seed=self.seed_generator
+            )
+            probs = probs * ops.cast(noise < keep, probs.dtype) / keep
+        heads = ops.einsum("bnhqs,bsnhk->bqnhk", probs, v)
+        out = ops.einsum(
+            "bqnhk,nhkd->bqnd", heads, ops.cast(self.output_kernel, x.dtype)
+        )
+        if self.output_bias is not None:
+            out = out + ops.cast(self.output_bias, x.dtype)
+        return out
+
+    def join_values(self, v):
+        """Values `(batch, length, n, heads, d_v)` joined over branches."""
+        moved = ops.moveaxis(v, 2, 1)  # the join layer expects axis 1
+        return ops.moveaxis(self.join(moved), 1, 2)
+
+    def call(self, inputs, training=None):
+        branches = self.branch_outputs(inputs, training=training)
+        if self.diversity_weight and self.num_branches > 1:
+            self.add_loss(
+                self.diversity_weight * pairwise_cosine_squared(branches)
+            )
+        out = ops.sum(branches, axis=2)
+        return self.dropout(out, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "num_branches": self.num_branches,
+                "use_bias": self.use_bias,
+                "initial_lambda": self.initial_lambda,
+                "diversity_weight": self.diversity_weight,
+                "attention_dropout_rate": self.attention_dropout_rate,
+                "dropout_rate": self.dropout_rate,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config

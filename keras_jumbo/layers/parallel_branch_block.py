@@ -1,0 +1,189 @@
+import keras
+from keras import ops
+
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rank
+from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import get_activation
+from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
+from keras_jumbo.layers.blockwise_mhsa import pairwise_cosine_squared
+from keras_jumbo.layers.progressive_join import ProgressiveJoin
+from keras_jumbo.layers.stochastic_depth import StochasticDepth
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class ParallelBranchBlock(keras.layers.Layer):
+    """n parallel transformer branches over one normalised input, joined by λ.
+
+    The Non-Deep ViT training block (§3.2-3.4, Algorithm 1). LayerNorms are
+    taken out of the branches and applied once before branching; attention
+    is a `BlockwiseMHSA` with n progressively joined branches; the FFN
+    branches are joined before GELU:
+
+        x = x + Σ_b Attn_b(LN1(x))                       (joined scores, values)
+        h_b = LN2(x) W1_b + b1_b
+        x = x + Σ_b GELU(h_b + λ Σ_{b'≠b} h_b') W2_b + b2_b
+
+    At λ=1 the block equals one plain pre-norm block with Σ_b W1_b, Σ_b W2_b,
+    summed value/output projections and a key width of n·d_k, which
+    `keras_jumbo.convert.reparameterize` builds from stock Keras layers.
+
+    Args:
+        num_heads: int, heads per branch.
+        mlp_dim: int, hidden width of each branch's FFN.
+        num_branches: int >= 1, n.
+        key_dim: int or None, per-head query/key width (width / heads).
+        initial_lambda: float in [0, 1], starting λ.
+        diversity_weight: float >= 0, weight of this block's diversity loss
+            (mean of the attention and FFN branch-output terms).
+        dropout_rate, attention_dropout_rate, drop_path_rate: floats.
+        layer_norm_epsilon: float.
+        activation: FFN activation (`"gelu"`: exact erf GELU).
+        kernel_initializer: initializer of the kernels.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(batch, length, D)`.
+        training: bool.
+
+    Returns:
+        `(batch, length, D)`.
+
+    Example:
+    >>> block = ParallelBranchBlock(num_heads=2, mlp_dim=32, num_branches=3)
+    >>> block(np.zeros((2, 5, 8))).shape
+    (2, 5, 8)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        num_branches=2,
+        key_dim=None,
+        initial_lambda=0.0,
+        diversity_weight=0.0,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        activation="gelu",
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+        self.num_branches = check_positive_int("num_branches", num_branches)
+        self.key_dim = key_dim
+        self.initial_lambda = initial_lambda
+        self.diversity_weight = diversity_weight
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.attention_dropout_rate = check_rate(
+            "attention_dropout_rate", attention_dropout_rate
+        )
+        self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.activation = activation
+        self._activation_fn = get_activation(activation)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        common = dict(dtype=self.dtype_policy)
+        self.norm1 = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, name="norm1", **common
+        )
+        self.attention = BlockwiseMHSA(
+            num_heads,
+            key_dim=key_dim,
+            num_branches=num_branches,
+            initial_lambda=initial_lambda,
+            diversity_weight=0.5 * diversity_weight,
+            attention_dropout_rate=attention_dropout_rate,
+            dropout_rate=dropout_rate,
+            kernel_initializer=self.kernel_initializer,
+            name="attention",
+            **common,
+        )
+        self.norm2 = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, name="norm2", **common
+        )
+        self.mlp_join = ProgressiveJoin(
+            num_branches,
+            initial_lambda=initial_lambda,
+            branch_axis=2,
+            name="mlp_join",
+            **common,
+        )
+        self.dropout = keras.layers.Dropout(dropout_rate, **common)
+        self.drop_path1 = StochasticDepth(drop_path_rate, **common)
+        self.drop_path2 = StochasticDepth(drop_path_rate, **common)
+
+    def build(self, input_shape):
+        check_rank(self, input_shape, 3)
+        dim = input_shape[-1]
+        self.norm1.build(input_shape)
+        self.attention.build(input_shape)
+        self.norm2.build(input_shape)
+        n, hidden = self.num_branches, self.mlp_dim
+        init = self.kernel_initializer
+        self.fc1_kernel = self.add_weight(
+            name="fc1_kernel", shape=(n, dim, hidden), initializer=init
+        )
+        self.fc1_bias = self.add_weight(
+            name="fc1_bias", shape=(n, hidden), initializer="zeros"
+        )
+        self.fc2_kernel = self.add_weight(
+            name="fc2_kernel", shape=(n, hidden, dim), initializer=init
+        )
+        self.fc2_bias = self.add_weight(
+            name="fc2_bias", shape=(n, dim), initializer="zeros"
+        )
+
+    def mlp_branch_outputs(self, x, training=None):
+        """Per-branch FFN outputs `(batch, length, n, D)` of a normed input."""
+        hidden = ops.einsum(
+            "bsd,ndf->bsnf", x, ops.cast(self.fc1_kernel, x.dtype)
+        ) + ops.cast(self.fc1_bias, x.dtype)
+        if self.num_branches > 1:
+            hidden = self.mlp_join(hidden)
+        hidden = self.dropout(self._activation_fn(hidden), training=training)
+        out = ops.einsum(
+            "bsnf,nfd->bsnd", hidden, ops.cast(self.fc2_kernel, x.dtype)
+        ) + ops.cast(self.fc2_bias, x.dtype)
+        return out
+
+    def call(self, inputs, training=None):
+        x = inputs
+        branch = self.attention(self.norm1(x), training=training)
+        x = x + self.drop_path1(branch, training=training)
+        branches = self.mlp_branch_outputs(self.norm2(x), training=training)
+        if self.diversity_weight and self.num_branches > 1:
+            self.add_loss(
+                0.5 * self.diversity_weight * pairwise_cosine_squared(branches)
+            )
+        branch = self.dropout(ops.sum(branches, axis=2), training=training)
+        return x + self.drop_path2(branch, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim,
+                "num_branches": self.num_branches,
+                "key_dim": self.key_dim,
+                "initial_lambda": self.initial_lambda,
+                "diversity_weight": self.diversity_weight,
+                "dropout_rate": self.dropout_rate,
+                "attention_dropout_rate": self.attention_dropout_rate,
+                "drop_path_rate": self.drop_path_rate,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "activation": self.activation,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config
