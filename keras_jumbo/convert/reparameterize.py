@@ -8,6 +8,7 @@ from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.models.vision_transformer import TokenPooling
 
 
@@ -188,7 +189,9 @@ def reparameterize(
         )
         fc1 = keras.layers.Dense(
             w["fc1_kernel"].shape[-1],
-            activation=block.activation,
+            # Our erf GELU (registered, serialisable): exported graphs then
+            # need no Erfc kernel (onnxruntime has none).
+            activation=get_activation(block.activation),
             name=f"block_{index}_fc1",
         )
         fc2 = keras.layers.Dense(dim, name=f"block_{index}_fc2")

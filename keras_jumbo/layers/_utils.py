@@ -8,6 +8,7 @@ from keras import ops
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 
 
+@keras.saving.register_keras_serializable(package="keras_jumbo")
 def gelu(x):
     """Exact GELU written with `erf`: 0.5 * x * (1 + erf(x / sqrt(2))).
 
