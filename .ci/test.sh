@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONHASHSEED=0
 
-"$PYTHON" -m ruff check keras_jumbo tests examples benchmarks
-"$PYTHON" -m ruff format --check keras_jumbo tests examples benchmarks
+"$PYTHON" -m ruff check keras_jumbo tests examples benchmarks tflite
+"$PYTHON" -m ruff format --check keras_jumbo tests examples benchmarks tflite
 
 status=0
 for backend in jax tensorflow torch; do
