@@ -11,6 +11,11 @@
 
 Command (about 5 minutes on 2 CPU cores):
     KERAS_BACKEND=jax python examples/non_deep_fashion_mnist.py
+
+Measured 2026-11-22 (2 CPU cores, JAX, defaults: width 64, 3 blocks x 2
+branches, 3 epochs, λ linear over the first 60% of steps): branchy model
+84.07% test accuracy, reparameterised TFLite model 84.07%, max |logit
+difference| 4.8e-6; training about 5 minutes.
 """
 
 import argparse
@@ -93,12 +98,10 @@ def main(argv=None):
         logits_tflite = interpreter.get_tensor(out["index"])
         tflite_accuracy = float(np.mean(logits_tflite.argmax(-1) == y_test))
         drift = float(np.abs(logits_tflite - logits_branchy).max())
-        deeper = kj.models.ViT(
-            "tiny",
-            depth=args.depth * args.branches,
-            head="avg",
-            use_class_token=False,
-            **common,
+        # The same stock layers, twice as deep (see NonDeepViT(n=1)).
+        deeper = kj.convert.reparameterize(
+            kj.models.NonDeepViT(args.depth * args.branches, 1, **common),
+            pad_values=False,
         )
         deeper_path = os.path.join(tmp, "deeper.tflite")
         kj.convert.export_tflite(deeper, deeper_path)

@@ -97,16 +97,19 @@ def non_deep_comparison(threads, warmup, repeats):
     branchy = kj.models.NonDeepViT(6, 2, **common)
     randomize_weights(branchy)
     kj.convert.set_join_lambda(branchy, 1.0)
+
+    def plain(depth):
+        # One-branch NonDeepViT, reparameterised: the same stock Keras
+        # layers as the collapsed model, so only depth and widths differ.
+        model = kj.models.NonDeepViT(depth, 1, **common)
+        return kj.convert.reparameterize(model, pad_values=False)
+
     models = {
         "NonDeepViT-6x2 (reparameterised)": kj.convert.reparameterize(
             branchy, pad_values=False
         ),
-        "DeiT-Tiny (12 layers)": kj.models.ViT(
-            "tiny", depth=12, head="avg", use_class_token=False, **common
-        ),
-        "DeiT-6 (plain)": kj.models.ViT(
-            "tiny", depth=6, head="avg", use_class_token=False, **common
-        ),
+        "DeiT-Tiny (12 layers)": plain(12),
+        "DeiT-6 (plain)": plain(6),
     }
     macs = {
         "NonDeepViT-6x2 (reparameterised)": plain_macs(6, qk_width=2 * 192),

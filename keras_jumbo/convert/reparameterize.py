@@ -4,6 +4,7 @@ import keras
 import numpy as np
 
 from keras_jumbo.convert.join import get_join_lambda
+from keras_jumbo.convert.join import join_layers
 from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import PatchEmbedding
@@ -121,7 +122,14 @@ def reparameterize(
     Returns:
         A new functional `keras.Model`.
     """
-    lambdas = get_join_lambda(model)
+    # λ matters only where there is more than one branch to join.
+    lambdas = [
+        lam
+        for lam, layer in zip(
+            get_join_lambda(model), join_layers(model), strict=True
+        )
+        if layer.num_branches > 1
+    ]
     blocks = [
         layer
         for layer in model.layers

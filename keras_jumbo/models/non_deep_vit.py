@@ -36,7 +36,10 @@ def NonDeepViT(
 
     Args:
         depth: int, blocks L/n (6, 4, 3 in the paper for n = 2, 3, 4).
-        num_branches: int >= 2, branches n per block.
+        num_branches: int, branches n per block. n=1 builds the plain
+            depth-L ViT from the same blocks, so `reparameterize` turns it
+            into exactly the stock-layer graph of the reparameterised models
+            (a like-for-like latency baseline).
         num_classes: int.
         head: `"avg"` (the paper: global average pooling) or `"token"`.
         use_class_token: bool; needed for `head="token"`.
@@ -60,9 +63,13 @@ def NonDeepViT(
     `keras_jumbo.models.ViT("tiny", depth=6, num_heads=12, head="avg",
     use_class_token=False)`.
     """
-    if num_branches < 2:
+    if isinstance(num_branches, bool) or not isinstance(num_branches, int):
+        raise TypeError(
+            f"`num_branches` must be an int. Received: {num_branches!r}"
+        )
+    if num_branches < 1:
         raise ValueError(
-            "NonDeepViT needs at least 2 branches (use ViT for one). "
+            "`num_branches` must be >= 1. "
             f"Received: num_branches={num_branches}"
         )
     options = {**NON_DEEP_DEFAULTS, **kwargs}

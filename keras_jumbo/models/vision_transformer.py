@@ -117,7 +117,7 @@ def build_vision_transformer(
     qkv_bias=True,
     token_drop_rate=0.0,
     last_block_patch_mlp=None,
-    num_branches=1,
+    num_branches=None,
     initial_lambda=0.0,
     diversity_weight=0.0,
     data_format=None,
@@ -168,11 +168,12 @@ def build_vision_transformer(
                 f"`{ratio_name}` must be > 0. Received: {ratio_name}={ratio}"
             )
     check_choice("head", head, HEADS)
-    check_positive_int("num_branches", num_branches)
+    if num_branches is not None:
+        check_positive_int("num_branches", num_branches)
     is_jumbo = jumbo_multiplier > 0
-    if num_branches > 1 and (is_jumbo or token_drop_rate):
+    if num_branches is not None and (is_jumbo or token_drop_rate):
         raise ValueError(
-            "Parallel branches (num_branches > 1) are built for plain ViTs; "
+            "Branch blocks (num_branches given) are built for plain ViTs; "
             "they do not combine with Jumbo tokens or token dropping. "
             f"Received: num_branches={num_branches}, "
             f"jumbo_multiplier={jumbo_multiplier}, "
@@ -233,7 +234,7 @@ def build_vision_transformer(
             activation=activation,
             name=f"branch_block_{index}",
         )
-        for index in range(depth if num_branches > 1 else 0)
+        for index in range(depth if num_branches is not None else 0)
     ]
     encoder = TransformerEncoder(
         depth,

@@ -27,6 +27,7 @@ def images(batch=3):
     "depth,branches,kwargs",
     [
         (2, 2, {}),
+        (2, 1, {}),
         (1, 3, {"head": "token", "use_class_token": True}),
         (2, 4, {"include_top": False}),
     ],
@@ -83,6 +84,8 @@ def test_lambda_below_one_raises_unless_forced():
         reparameterize(ViT("pico", depth=1, **TINY))
     with pytest.raises(ValueError, match="λ"):
         set_join_lambda(model, 2.0)
+    with pytest.raises(ValueError, match="num_branches"):
+        NonDeepViT(2, 0, **TINY)
 
 
 def test_join_schedule_reaches_one_inside_fit_then_collapses_exactly():
