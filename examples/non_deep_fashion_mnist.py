@@ -86,16 +86,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "non_deep.tflite")
         report = kj.convert.export_tflite(plain, path)
-        from ai_edge_litert.interpreter import Interpreter
-
-        interpreter = Interpreter(model_path=path, num_threads=1)
-        inp = interpreter.get_input_details()[0]
-        out = interpreter.get_output_details()[0]
-        interpreter.resize_tensor_input(inp["index"], x_test.shape)
-        interpreter.allocate_tensors()
-        interpreter.set_tensor(inp["index"], x_test)
-        interpreter.invoke()
-        logits_tflite = interpreter.get_tensor(out["index"])
+        logits_tflite = kj.convert.run_tflite(path, x_test, num_threads=1)
         tflite_accuracy = float(np.mean(logits_tflite.argmax(-1) == y_test))
         drift = float(np.abs(logits_tflite - logits_branchy).max())
         # The same stock layers, twice as deep (see NonDeepViT(n=1)).

@@ -2,15 +2,12 @@ import keras
 
 from keras_jumbo.layers import TokenDropping
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import find_layers
 
 
 def token_dropping_layers(model):
     """Every `TokenDropping` layer inside `model` (nested models too)."""
-    return [
-        layer
-        for layer in model._flatten_layers(include_self=False)
-        if isinstance(layer, TokenDropping)
-    ]
+    return find_layers(model, TokenDropping)
 
 
 def set_token_drop_rate(model, rate):

@@ -2,6 +2,7 @@
 
 from keras_jumbo.convert.export import export_onnx
 from keras_jumbo.convert.export import export_tflite
+from keras_jumbo.convert.export import run_tflite
 from keras_jumbo.convert.join import get_join_lambda
 from keras_jumbo.convert.join import join_layers
 from keras_jumbo.convert.join import set_join_lambda
@@ -19,5 +20,6 @@ __all__ = [
     "merged_block_weights",
     "official_jumbo_model",
     "reparameterize",
+    "run_tflite",
     "set_join_lambda",
 ]

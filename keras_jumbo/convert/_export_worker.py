@@ -28,21 +28,6 @@ def _tflite(model, path, quantize):
     )
 
 
-def _run_tflite(path, x):
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError as error:
-        raise _missing("ai-edge-litert") from error
-    interpreter = Interpreter(model_path=path)
-    inp = interpreter.get_input_details()[0]
-    out = interpreter.get_output_details()[0]
-    interpreter.resize_tensor_input(inp["index"], x.shape)
-    interpreter.allocate_tensors()
-    interpreter.set_tensor(inp["index"], x)
-    interpreter.invoke()
-    return interpreter.get_tensor(out["index"])
-
-
 def _onnx(model, path):
     try:
         import tf2onnx  # noqa: F401
@@ -89,7 +74,9 @@ def main():
         _tflite(model, args.output, quantize)
     else:
         _onnx(model, args.output)
-    runner = _run_tflite if args.format == "tflite" else _run_onnx
+    from keras_jumbo.convert.export import run_tflite
+
+    runner = run_tflite if args.format == "tflite" else _run_onnx
     got = np.asarray(runner(args.output, x))
     report = {
         "path": args.output,

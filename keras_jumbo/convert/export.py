@@ -59,6 +59,30 @@ def _run_worker(model, path, fmt, quantize, batch_size, seed):
             return json.load(handle)
 
 
+def run_tflite(path, x, num_threads=None):
+    """Run a `.tflite` file on the batch `x` with the LiteRT interpreter.
+
+    The batch axis is resized to `x`'s; returns the first output (numpy).
+    """
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError as error:
+        raise ImportError(
+            "Running .tflite files needs `ai-edge-litert`: "
+            "pip install 'keras-jumbo[export]'"
+        ) from error
+    interpreter = Interpreter(
+        model_path=os.fspath(path), num_threads=num_threads
+    )
+    inp = interpreter.get_input_details()[0]
+    out = interpreter.get_output_details()[0]
+    interpreter.resize_tensor_input(inp["index"], x.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(inp["index"], x)
+    interpreter.invoke()
+    return interpreter.get_tensor(out["index"])
+
+
 def export_tflite(model, path, quantize=None, batch_size=2, seed=0):
     """Export to a `.tflite` file (LiteRT builtins only) and verify it.
 

@@ -1,15 +1,12 @@
 """Reading and setting the joining weight λ of a branchy model."""
 
+from keras_jumbo.layers._utils import find_layers
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 
 
 def join_layers(model):
     """Every `ProgressiveJoin` layer inside `model`."""
-    return [
-        layer
-        for layer in model._flatten_layers(include_self=False)
-        if isinstance(layer, ProgressiveJoin)
-    ]
+    return find_layers(model, ProgressiveJoin)
 
 
 def set_join_lambda(model, value):
