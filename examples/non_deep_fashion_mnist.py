@@ -15,7 +15,10 @@ Command (about 5 minutes on 2 CPU cores):
 Measured 2026-11-22 (2 CPU cores, JAX, defaults: width 64, 3 blocks x 2
 branches, 3 epochs, λ linear over the first 60% of steps): branchy model
 84.07% test accuracy, reparameterised TFLite model 84.07%, max |logit
-difference| 4.8e-6; training about 5 minutes.
+difference| 4.8e-6; float16 TFLite 84.05% (logit drift 3.2e-3, 0.54x the
+size), dynamic-range int8 TFLite 84.05% (drift 0.10, 0.35x the size);
+single-thread latency 0.113 ms vs 0.160 ms for the 6-layer plain ViT (0.70);
+training about 5 minutes.
 """
 
 import argparse
@@ -89,6 +92,17 @@ def main(argv=None):
         logits_tflite = kj.convert.run_tflite(path, x_test, num_threads=1)
         tflite_accuracy = float(np.mean(logits_tflite.argmax(-1) == y_test))
         drift = float(np.abs(logits_tflite - logits_branchy).max())
+        # Weight quantisation: accuracy and logit drift on the real test set.
+        quantized = {}
+        for mode in ("float16", "dynamic_int8"):
+            q_path = os.path.join(tmp, f"non_deep_{mode}.tflite")
+            q_report = kj.convert.export_tflite(plain, q_path, quantize=mode)
+            q_logits = kj.convert.run_tflite(q_path, x_test, num_threads=1)
+            quantized[mode] = (
+                float(np.mean(q_logits.argmax(-1) == y_test)),
+                float(np.abs(q_logits - logits_tflite).max()),
+                q_report["size_bytes"] / report["size_bytes"],
+            )
         # The same stock layers, twice as deep (see NonDeepViT(n=1)).
         deeper = kj.convert.reparameterize(
             kj.models.NonDeepViT(args.depth * args.branches, 1, **common),
@@ -107,6 +121,11 @@ def main(argv=None):
     print(
         f"export check, max |diff| vs Keras:      {report['max_abs_diff']:.2e}"
     )
+    for mode, (accuracy, q_drift, size) in quantized.items():
+        print(
+            f"{mode:>12} TFLite: accuracy {accuracy:.4f}, max |logit drift| "
+            f"{q_drift:.2e} vs float32, size x{size:.2f}"
+        )
     print(
         f"latency (1 thread, batch 1): {ours:.3f} ms vs {theirs:.3f} ms for "
         f"a {args.depth * args.branches}-layer ViT (ratio {ours / theirs:.2f})"
