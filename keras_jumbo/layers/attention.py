@@ -58,7 +58,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         )
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.seed_generator = keras.random.SeedGenerator()
+        self.attention_dropout = keras.layers.Dropout(
+            self.attention_dropout_rate,
+            dtype=self.dtype_policy,
+            name="attention_dropout",
+        )
         self.dropout = keras.layers.Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="dropout"
         )
@@ -99,11 +103,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             scale = 1.0 / math.sqrt(self.head_dim)
             scores = ops.einsum("bqhd,bkhd->bhqk", q * scale, k)
             probs = ops.softmax(scores, axis=-1)
-            keep = 1.0 - self.attention_dropout_rate
-            noise = keras.random.uniform(
-                ops.shape(probs), dtype=probs.dtype, seed=self.seed_generator
-            )
-            probs = probs * ops.cast(noise < keep, probs.dtype) / keep
+            probs = self.attention_dropout(probs, training=training)
             x = ops.einsum("bhqk,bkhd->bqhd", probs, v)
         else:
             x = ops.dot_product_attention(q, k, v)

@@ -132,7 +132,11 @@ class BlockwiseMHSA(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="join",
         )
-        self.seed_generator = keras.random.SeedGenerator()
+        self.attention_dropout = keras.layers.Dropout(
+            self.attention_dropout_rate,
+            dtype=self.dtype_policy,
+            name="attention_dropout",
+        )
         self.dropout = keras.layers.Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="dropout"
         )
@@ -199,12 +203,7 @@ class BlockwiseMHSA(keras.layers.Layer):
         else:
             scale = 1.0 / math.sqrt(self._key_dim)
         probs = ops.softmax(scores * scale, axis=-1)
-        if training and self.attention_dropout_rate > 0.0:
-            keep = 1.0 - self.attention_dropout_rate
-            noise = keras.random.uniform(
-                ops.shape(probs), dtype=probs.dtype, seed=self.seed_generator
-            )
-            probs = probs * ops.cast(noise < keep, probs.dtype) / keep
+        probs = self.attention_dropout(probs, training=training)
         heads = ops.einsum("bnhqs,bsnhk->bqnhk", probs, v)
         out = ops.einsum(
             "bqnhk,nhkd->bqnd", heads, ops.cast(self.output_kernel, x.dtype)
