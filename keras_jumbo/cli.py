@@ -3,6 +3,8 @@
 keras-jumbo export model.keras [--reparameterize [--force]]
     [--tflite out.tflite] [--quantize none|float16|dynamic_int8]
     [--onnx out.onnx] [--save-keras plain.keras]
+keras-jumbo count MODEL [--reparameterize] [--layers]
+    MODEL is a .keras file or a registered name (`jumbo_vit_nano`).
 """
 
 import argparse
@@ -44,6 +46,35 @@ def _export(args):
     return 0
 
 
+def _load(name_or_path):
+    import keras
+
+    import keras_jumbo
+
+    if name_or_path.endswith(".keras"):
+        return keras.saving.load_model(name_or_path)
+    return keras_jumbo.models.create_model(name_or_path)
+
+
+def _count(args):
+    import keras_jumbo
+
+    model = _load(args.model)
+    if args.reparameterize:
+        model = keras_jumbo.convert.reparameterize(
+            model, force=True, pad_values=False
+        )
+    if args.layers:
+        for name, kind, macs in keras_jumbo.models.mac_report(model):
+            print(f"{name:<32} {kind:<28} {macs:>16,}")
+    macs = keras_jumbo.models.count_macs(model)
+    print(
+        f"{model.name}: {model.count_params():,} parameters, "
+        f"{macs:,} MACs per example ({macs / 1e9:.3f} G)"
+    )
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="keras-jumbo")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -72,7 +103,21 @@ def main(argv=None):
     export.add_argument(
         "--save-keras", help="also save the (reparameterized) model"
     )
+    count = commands.add_parser(
+        "count", help="parameters and multiply-accumulates of a model"
+    )
+    count.add_argument("model", help="a .keras path or a registered name")
+    count.add_argument(
+        "--reparameterize",
+        action="store_true",
+        help="count the collapsed (λ=1) form of a branchy NonDeepViT",
+    )
+    count.add_argument(
+        "--layers", action="store_true", help="also print per-layer MACs"
+    )
     args = parser.parse_args(argv)
+    if args.command == "count":
+        return _count(args)
     if args.quantize == "int8":
         args.quantize = "dynamic_int8"
     if args.command == "export":

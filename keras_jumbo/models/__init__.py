@@ -1,5 +1,8 @@
 """Functional model builders and the model registry."""
 
+from keras_jumbo.models.macs import count_macs
+from keras_jumbo.models.macs import mac_report
+from keras_jumbo.models.macs import register_mac_rule
 from keras_jumbo.models.non_deep_vit import NonDeepViT
 from keras_jumbo.models.registry import create_model
 from keras_jumbo.models.registry import list_models
@@ -18,6 +21,9 @@ __all__ = [
     "TokenPooling",
     "VIT_SIZES",
     "ViT",
+    "count_macs",
+    "mac_report",
+    "register_mac_rule",
     "create_model",
     "list_models",
     "register_model",
