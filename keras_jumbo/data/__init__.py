@@ -3,5 +3,23 @@
 from keras_jumbo.data.fashion_mnist import FASHION_MNIST_DIR
 from keras_jumbo.data.fashion_mnist import load_fashion_mnist
 from keras_jumbo.data.fashion_mnist import read_idx
+from keras_jumbo.data.time_series import ForecastingWindows
+from keras_jumbo.data.time_series import forecasting_splits
+from keras_jumbo.data.time_series import load_appliances_energy
+from keras_jumbo.data.time_series import load_electricity_hourly
+from keras_jumbo.data.time_series import load_forecasting_csv
+from keras_jumbo.data.time_series import load_ucr_uea
+from keras_jumbo.data.time_series import split_half
 
-__all__ = ["FASHION_MNIST_DIR", "load_fashion_mnist", "read_idx"]
+__all__ = [
+    "FASHION_MNIST_DIR",
+    "ForecastingWindows",
+    "forecasting_splits",
+    "load_appliances_energy",
+    "load_electricity_hourly",
+    "load_fashion_mnist",
+    "load_forecasting_csv",
+    "load_ucr_uea",
+    "read_idx",
+    "split_half",
+]

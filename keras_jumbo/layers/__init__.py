@@ -3,17 +3,23 @@
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.class_token import ClassToken
+from keras_jumbo.layers.fold_channels import FoldChannels
 from keras_jumbo.layers.jumbo_token import JumboToken
 from keras_jumbo.layers.jumbo_token import jumbo_merge
 from keras_jumbo.layers.jumbo_token import jumbo_split
 from keras_jumbo.layers.layer_scale import LayerScale
 from keras_jumbo.layers.mlp import MLP
+from keras_jumbo.layers.multi_scale_patch_fusion import MultiScalePatchFusion
 from keras_jumbo.layers.parallel_branch_block import ParallelBranchBlock
 from keras_jumbo.layers.patch_embedding import PatchEmbedding
+from keras_jumbo.layers.patch_embedding_1d import PatchEmbedding1D
+from keras_jumbo.layers.patch_embedding_1d import num_patches
+from keras_jumbo.layers.patch_embedding_1d import patching_for_num_patches
 from keras_jumbo.layers.position_embedding import PositionEmbedding
 from keras_jumbo.layers.prefix_tokens import PrefixTokens
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 from keras_jumbo.layers.registers import Registers
+from keras_jumbo.layers.revin import RevIN
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 from keras_jumbo.layers.token_dropping import TokenDropping
 from keras_jumbo.layers.transformer_block import TransformerBlock
@@ -24,6 +30,12 @@ __all__ = [
     "ParallelBranchBlock",
     "ProgressiveJoin",
     "ClassToken",
+    "FoldChannels",
+    "MultiScalePatchFusion",
+    "PatchEmbedding1D",
+    "RevIN",
+    "num_patches",
+    "patching_for_num_patches",
     "JumboToken",
     "LayerScale",
     "MLP",

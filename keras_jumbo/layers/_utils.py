@@ -56,6 +56,16 @@ def check_rate(name, value):
     return float(value)
 
 
+def check_bool(name, value):
+    """Raise unless `value` is a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"`{name}` must be a bool. Received: {name}={value!r} "
+            f"(of type {type(value).__name__})"
+        )
+    return value
+
+
 def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(

@@ -32,9 +32,16 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     Call arguments:
         inputs: `(batch, length, D)`.
         training: bool.
+        previous_scores: optional `(batch, heads, length, length)` scaled
+            pre-softmax scores of the previous layer, added to this layer's
+            scores before the softmax ("residual attention", the official
+            PatchTST's `res_attention=True`).
+        return_scores: bool, also return this layer's scaled pre-softmax
+            scores (previous scores included), for the next layer.
 
     Returns:
-        `(batch, length, D)`.
+        `(batch, length, D)`, or `(outputs, scores)` with
+        `return_scores=True`.
 
     Example:
     >>> MultiHeadSelfAttention(num_heads=2)(np.zeros((2, 5, 8))).shape
@@ -93,22 +100,35 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         )
         self.proj.build(input_shape)
 
-    def call(self, inputs, training=None):
+    def call(
+        self, inputs, training=None, previous_scores=None, return_scores=False
+    ):
         length = ops.shape(inputs)[1]
         qkv = ops.reshape(
             self.qkv(inputs), (-1, length, 3, self.num_heads, self.head_dim)
         )
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        if training and self.attention_dropout_rate > 0.0:
+        explicit = (
+            return_scores
+            or previous_scores is not None
+            or (training and self.attention_dropout_rate > 0.0)
+        )
+        scores = None
+        if explicit:
             scale = 1.0 / math.sqrt(self.head_dim)
             scores = ops.einsum("bqhd,bkhd->bhqk", q * scale, k)
+            if previous_scores is not None:
+                scores = scores + ops.cast(previous_scores, scores.dtype)
             probs = ops.softmax(scores, axis=-1)
             probs = self.attention_dropout(probs, training=training)
             x = ops.einsum("bhqk,bkhd->bqhd", probs, v)
         else:
             x = ops.dot_product_attention(q, k, v)
         x = ops.reshape(x, (-1, length, self.hidden_dim))
-        return self.dropout(self.proj(x), training=training)
+        x = self.dropout(self.proj(x), training=training)
+        if return_scores:
+            return x, scores
+        return x
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

@@ -9,7 +9,7 @@ from keras_jumbo.layers._utils import to_pair
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class PositionEmbedding(keras.layers.Layer):
-    """Learned 2-D position embeddings added to a patch-token grid.
+    """Learned position embeddings added to a 2-D or 1-D patch-token grid.
 
     The table is stored at `grid_size`. When the layer receives a grid of
     another size (a model built at 128 px run on 224 px images), the table
@@ -22,8 +22,13 @@ class PositionEmbedding(keras.layers.Layer):
     Keys a=-0.5 kernel, PyTorch a=-0.75), so a resampled table matches
     across backends only to ~1e-2; at the stored grid the layer is exact.
 
+    A one-element `grid_size=(N,)` makes it 1-D: inputs `(batch, N, dim)`
+    (PatchTST's learned positional encoding; other lengths are resampled
+    along the one axis the same way).
+
     Args:
-        grid_size: int or pair, the stored table's grid (height, width).
+        grid_size: int or pair, the stored table's grid (height, width);
+            or a one-element tuple `(N,)` for a 1-D sequence of N patches.
         interpolation: resampling method for other grids, one of
             `"bicubic"`, `"bilinear"`, `"nearest"`.
         initializer: table initializer (truncated normal, std 0.02, as in
@@ -31,7 +36,8 @@ class PositionEmbedding(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
-        inputs: token grid `(batch, grid_h, grid_w, dim)`.
+        inputs: token grid `(batch, grid_h, grid_w, dim)`, or
+            `(batch, N, dim)` for a 1-D `grid_size`.
 
     Returns:
         The grid plus the (resampled) table, same shape as `inputs`.
@@ -50,7 +56,16 @@ class PositionEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.grid_size = to_pair("grid_size", grid_size)
+        if (
+            isinstance(grid_size, (tuple, list))
+            and len(grid_size) == 1
+            and isinstance(grid_size[0], int)
+            and not isinstance(grid_size[0], bool)
+            and grid_size[0] > 0
+        ):
+            self.grid_size = (grid_size[0],)
+        else:
+            self.grid_size = to_pair("grid_size", grid_size)
         self.interpolation = check_choice(
             "interpolation", interpolation, {"bicubic", "bilinear", "nearest"}
         )
@@ -59,7 +74,7 @@ class PositionEmbedding(keras.layers.Layer):
         self.initializer = keras.initializers.get(initializer)
 
     def build(self, input_shape):
-        check_rank(self, input_shape, 4)
+        check_rank(self, input_shape, len(self.grid_size) + 2)
         self.hidden_dim = input_shape[-1]
         if self.hidden_dim is None:
             raise ValueError(
@@ -73,30 +88,38 @@ class PositionEmbedding(keras.layers.Layer):
         )
 
     def resampled(self, grid_size):
-        """The table resampled to `grid_size`, shape `(h, w, dim)`."""
-        grid_size = to_pair("grid_size", grid_size)
+        """The table resampled to `grid_size`: `(h, w, dim)` or `(n, dim)`."""
+        one_d = len(self.grid_size) == 1
+        if one_d:
+            grid_size = tuple(grid_size)
+        else:
+            grid_size = to_pair("grid_size", grid_size)
         table = ops.convert_to_tensor(self.embeddings)
         if grid_size == self.grid_size:
             return table
         dtype = table.dtype
+        image = table[:, None] if one_d else table  # 1-D: an (n, 1) grid
         resized = ops.image.resize(
-            ops.cast(table[None], "float32"),
-            grid_size,
+            ops.cast(image[None], "float32"),
+            (grid_size[0], 1) if one_d else grid_size,
             interpolation=self.interpolation,
             antialias=True,
             data_format="channels_last",
-        )
-        return ops.cast(resized[0], dtype)
+        )[0]
+        if one_d:
+            resized = resized[:, 0]
+        return ops.cast(resized, dtype)
 
     def call(self, inputs):
+        check_rank(self, inputs.shape, len(self.grid_size) + 2)
         check_last_dim(self, inputs.shape, self.hidden_dim)
-        height, width = inputs.shape[1], inputs.shape[2]
-        if height is None or width is None:
+        grid = tuple(inputs.shape[1:-1])
+        if any(size is None for size in grid):
             raise ValueError(
                 "PositionEmbedding needs a static grid size at call time. "
                 f"Received: input_shape={inputs.shape}"
             )
-        table = ops.cast(self.resampled((height, width)), inputs.dtype)
+        table = ops.cast(self.resampled(grid), inputs.dtype)
         return inputs + table[None]
 
     def compute_output_shape(self, input_shape):

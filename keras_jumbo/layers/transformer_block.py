@@ -1,6 +1,8 @@
 import keras
 from keras import ops
 
+from keras_jumbo.layers._utils import check_bool
+from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
@@ -33,6 +35,18 @@ class TransformerBlock(keras.layers.Layer):
         patches = x[J:] + DropPath(LS2(FFN(LN2(x[J:]))))
         x = split_J(jumbo) || patches
 
+    Post-norm (`norm_first=False`, the original Transformer and the
+    official PatchTST) moves each norm after its residual addition:
+    `x = LN1(x + DropPath(LS1(Attn(x))))`, and likewise for both FFNs.
+    `normalization="batch_norm"` replaces every LayerNorm by a
+    BatchNormalization over the width (statistics over batch and tokens,
+    the official PatchTST's `norm="BatchNorm"`). `residual_attention=True`
+    adds the previous block's scaled pre-softmax scores to this block's
+    (official PatchTST `res_attention=True`); the block then takes
+    `attention_scores=` and returns `(tokens, scores)`. These three follow
+    the official PatchTST code, not its paper; they default to the ViT
+    block.
+
     The Jumbo FFN is the block's own (`share_jumbo_mlp=False`, the paper's
     default) or an `MLP` passed at call time (`shared_jumbo_mlp=`, used by
     `TransformerEncoder` to share one Jumbo FFN across layers as in the
@@ -61,7 +75,10 @@ class TransformerBlock(keras.layers.Layer):
         attention_dropout_rate: float, dropout of attention probabilities.
         drop_path_rate: float, stochastic-depth rate of every branch.
         layer_scale_init_value: float or None; None disables LayerScale.
-        layer_norm_epsilon: float, epsilon of every LayerNorm.
+        layer_norm_epsilon: float, epsilon of every normalisation layer.
+        normalization: `"layer_norm"` (default) or `"batch_norm"`.
+        norm_first: bool, pre-norm (True, ViT) or post-norm (False).
+        residual_attention: bool, carry attention scores across blocks.
         activation: FFN activation, `"gelu"` (exact, erf) by default.
         qkv_bias: bool, bias on the q/k/v projection.
         kernel_initializer: initializer of the Dense kernels.
@@ -73,9 +90,12 @@ class TransformerBlock(keras.layers.Layer):
         training: bool.
         shared_jumbo_mlp: an `MLP` mapping `J * D -> J * D`, required when
             `share_jumbo_mlp=True`.
+        attention_scores: with `residual_attention=True`, the previous
+            block's scores `(batch, heads, J + N, J + N)` or None.
 
     Returns:
-        `(batch, J + N, D)`.
+        `(batch, J + N, D)`; with `residual_attention=True`, a pair
+        `(tokens, scores)`.
 
     Example:
     >>> block = TransformerBlock(num_heads=2, mlp_dim=32, jumbo_multiplier=2,
@@ -99,12 +119,22 @@ class TransformerBlock(keras.layers.Layer):
         drop_path_rate=0.0,
         layer_scale_init_value=None,
         layer_norm_epsilon=1e-6,
+        normalization="layer_norm",
+        norm_first=True,
+        residual_attention=False,
         activation="gelu",
         qkv_bias=True,
         kernel_initializer="glorot_uniform",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.normalization = check_choice(
+            "normalization", normalization, {"layer_norm", "batch_norm"}
+        )
+        self.norm_first = check_bool("norm_first", norm_first)
+        self.residual_attention = check_bool(
+            "residual_attention", residual_attention
+        )
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
         self.jumbo_multiplier = check_positive_int(
@@ -145,6 +175,14 @@ class TransformerBlock(keras.layers.Layer):
 
     # --- construction -------------------------------------------------
     def _norm(self, name):
+        if self.normalization == "batch_norm":
+            # PyTorch BatchNorm1d(momentum=0.1) == Keras momentum 0.9.
+            return keras.layers.BatchNormalization(
+                epsilon=self.layer_norm_epsilon,
+                momentum=0.9,
+                dtype=self.dtype_policy,
+                name=name,
+            )
         return keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
@@ -247,18 +285,24 @@ class TransformerBlock(keras.layers.Layer):
                 self.layer_scale3.build(jumbo_shape)
 
     # --- forward ------------------------------------------------------
-    @staticmethod
-    def _residual(x, branch, scale, drop, training):
+    def _sublayer(self, x, norm, fn, scale, drop, training):
+        """Pre-norm `x + f(N(x))` or post-norm `N(x + f(x))`."""
+        branch = fn(norm(x, training=training) if self.norm_first else x)
         if scale is not None:
             branch = scale(branch)
-        return x + drop(branch, training=training)
+        x = x + drop(branch, training=training)
+        return x if self.norm_first else norm(x, training=training)
 
     def _patch_ffn(self, x, training):
         if not self.use_patch_mlp:
             return x
-        branch = self.mlp(self.norm2(x), training=training)
-        return self._residual(
-            x, branch, self.layer_scale2, self.drop_path2, training
+        return self._sublayer(
+            x,
+            self.norm2,
+            lambda h: self.mlp(h, training=training),
+            self.layer_scale2,
+            self.drop_path2,
+            training,
         )
 
     def _jumbo_ffn(self, jumbo, training, shared_jumbo_mlp):
@@ -273,30 +317,70 @@ class TransformerBlock(keras.layers.Layer):
                     "shared_jumbo_mlp=None"
                 )
             mlp = shared_jumbo_mlp
-        hidden = self.norm3(jumbo)
-        branch = mlp(hidden, training=training)
-        if self.jumbo_lora_rank is not None:
-            branch = branch + self.jumbo_lora_up(self.jumbo_lora_down(hidden))
-        return self._residual(
-            jumbo, branch, self.layer_scale3, self.drop_path3, training
+
+        def branch(hidden):
+            out = mlp(hidden, training=training)
+            if self.jumbo_lora_rank is not None:
+                out = out + self.jumbo_lora_up(self.jumbo_lora_down(hidden))
+            return out
+
+        return self._sublayer(
+            jumbo,
+            self.norm3,
+            branch,
+            self.layer_scale3,
+            self.drop_path3,
+            training,
         )
 
-    def call(self, inputs, training=None, shared_jumbo_mlp=None):
-        x = inputs
-        branch = self.attention(self.norm1(x), training=training)
-        x = self._residual(
-            x, branch, self.layer_scale1, self.drop_path1, training
+    def call(
+        self,
+        inputs,
+        training=None,
+        shared_jumbo_mlp=None,
+        attention_scores=None,
+    ):
+        scores = None
+
+        def attend(hidden):
+            nonlocal scores
+            if not self.residual_attention:
+                return self.attention(hidden, training=training)
+            out, scores = self.attention(
+                hidden,
+                training=training,
+                previous_scores=attention_scores,
+                return_scores=True,
+            )
+            return out
+
+        x = self._sublayer(
+            inputs,
+            self.norm1,
+            attend,
+            self.layer_scale1,
+            self.drop_path1,
+            training,
         )
-        if not self.jumbo_multiplier:
-            return self._patch_ffn(x, training)
-        num_jumbo = self.jumbo_multiplier
-        jumbo = jumbo_merge(x[:, :num_jumbo])
-        jumbo = self._jumbo_ffn(jumbo, training, shared_jumbo_mlp)
-        patches = self._patch_ffn(x[:, num_jumbo:], training)
-        return ops.concatenate([jumbo_split(jumbo, num_jumbo), patches], axis=1)
+        if self.jumbo_multiplier:
+            num_jumbo = self.jumbo_multiplier
+            jumbo = jumbo_merge(x[:, :num_jumbo])
+            jumbo = self._jumbo_ffn(jumbo, training, shared_jumbo_mlp)
+            patches = self._patch_ffn(x[:, num_jumbo:], training)
+            x = ops.concatenate(
+                [jumbo_split(jumbo, num_jumbo), patches], axis=1
+            )
+        else:
+            x = self._patch_ffn(x, training)
+        if self.residual_attention:
+            return x, scores
+        return x
 
     def compute_output_shape(self, input_shape):
-        return tuple(input_shape)
+        if not self.residual_attention:
+            return tuple(input_shape)
+        batch, length = input_shape[0], input_shape[1]
+        return tuple(input_shape), (batch, self.num_heads, length, length)
 
     def get_config(self):
         config = super().get_config()
@@ -315,6 +399,9 @@ class TransformerBlock(keras.layers.Layer):
                 "drop_path_rate": self.drop_path_rate,
                 "layer_scale_init_value": self.layer_scale_init_value,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "normalization": self.normalization,
+                "norm_first": self.norm_first,
+                "residual_attention": self.residual_attention,
                 "activation": self.activation,
                 "qkv_bias": self.qkv_bias,
                 "kernel_initializer": keras.initializers.serialize(

@@ -36,6 +36,11 @@ class TransformerEncoder(keras.layers.Layer):
             (every block uses `drop_path_rate`, as the official Jumbo code).
         layer_scale_init_value: float or None.
         layer_norm_epsilon: float.
+        normalization: `"layer_norm"` or `"batch_norm"` (see
+            `TransformerBlock`).
+        norm_first: bool, pre-norm (True) or post-norm blocks.
+        residual_attention: bool, each block adds the previous block's
+            attention scores to its own (official PatchTST).
         activation: FFN activation.
         qkv_bias: bool.
         kernel_initializer: initializer of the Dense kernels.
@@ -71,12 +76,18 @@ class TransformerEncoder(keras.layers.Layer):
         drop_path_schedule="linear",
         layer_scale_init_value=None,
         layer_norm_epsilon=1e-6,
+        normalization="layer_norm",
+        norm_first=True,
+        residual_attention=False,
         activation="gelu",
         qkv_bias=True,
         kernel_initializer="glorot_uniform",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.normalization = normalization
+        self.norm_first = norm_first
+        self.residual_attention = residual_attention
         self.depth = check_positive_int("depth", depth)
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
@@ -121,6 +132,9 @@ class TransformerEncoder(keras.layers.Layer):
                 drop_path_rate=self._drop_path(index),
                 layer_scale_init_value=layer_scale_init_value,
                 layer_norm_epsilon=layer_norm_epsilon,
+                normalization=normalization,
+                norm_first=norm_first,
+                residual_attention=residual_attention,
                 activation=activation,
                 qkv_bias=qkv_bias,
                 kernel_initializer=self.kernel_initializer,
@@ -153,11 +167,21 @@ class TransformerEncoder(keras.layers.Layer):
             self.shared_jumbo_mlp.build((input_shape[0], jumbo_dim))
 
     def call(self, inputs, training=None):
-        x = inputs
+        x, scores = inputs, None
         for block in self.blocks:
-            x = block(
-                x, training=training, shared_jumbo_mlp=self.shared_jumbo_mlp
-            )
+            if self.residual_attention:
+                x, scores = block(
+                    x,
+                    training=training,
+                    shared_jumbo_mlp=self.shared_jumbo_mlp,
+                    attention_scores=scores,
+                )
+            else:
+                x = block(
+                    x,
+                    training=training,
+                    shared_jumbo_mlp=self.shared_jumbo_mlp,
+                )
         return x
 
     def compute_output_shape(self, input_shape):
@@ -182,6 +206,9 @@ class TransformerEncoder(keras.layers.Layer):
                 "drop_path_schedule": self.drop_path_schedule,
                 "layer_scale_init_value": self.layer_scale_init_value,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "normalization": self.normalization,
+                "norm_first": self.norm_first,
+                "residual_attention": self.residual_attention,
                 "activation": self.activation,
                 "qkv_bias": self.qkv_bias,
                 "kernel_initializer": keras.initializers.serialize(

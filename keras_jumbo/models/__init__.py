@@ -4,6 +4,11 @@ from keras_jumbo.models.macs import count_macs
 from keras_jumbo.models.macs import mac_report
 from keras_jumbo.models.macs import register_mac_rule
 from keras_jumbo.models.non_deep_vit import NonDeepViT
+from keras_jumbo.models.patchtst import MSPatchTST
+from keras_jumbo.models.patchtst import PatchTSTClassifier
+from keras_jumbo.models.patchtst import PatchTSTForecaster
+from keras_jumbo.models.patchtst import registers_matching_jumbo_flops
+from keras_jumbo.models.patchtst import resolve_scales
 from keras_jumbo.models.registry import create_model
 from keras_jumbo.models.registry import list_models
 from keras_jumbo.models.registry import register_model
@@ -16,6 +21,9 @@ from keras_jumbo.models.vit_sizes import VIT_SIZES
 
 __all__ = [
     "JumboViT",
+    "MSPatchTST",
+    "PatchTSTClassifier",
+    "PatchTSTForecaster",
     "NonDeepViT",
     "RegistersViT",
     "TokenPooling",
@@ -27,5 +35,7 @@ __all__ = [
     "create_model",
     "list_models",
     "register_model",
+    "registers_matching_jumbo_flops",
+    "resolve_scales",
     "with_image_size",
 ]

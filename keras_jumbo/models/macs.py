@@ -18,7 +18,10 @@ MACs. Each layer is counted at the token count it really sees in the
 model's graph (e.g. after token dropping at inference: all tokens).
 
 A model's layers are walked through its functional graph; each layer type
-has a rule `(layer, input_shapes, output_shape) -> MACs`. Composite
+has a rule `(layer, input_shapes, output_shape) -> MACs` evaluated at
+batch 1. Layers that move a data axis into the batch (`FoldChannels`:
+channel independence, C series per example) scale the MACs of every layer
+after them by C, until the matching unfold. Composite
 keras_jumbo layers (`TransformerBlock`, `ParallelBranchBlock`, ...) have
 rules that follow their own computation. A layer with weights but no rule
 raises, rather than being silently counted as free; register one with
@@ -31,12 +34,16 @@ import keras
 
 from keras_jumbo.layers import MLP
 from keras_jumbo.layers import BlockwiseMHSA
+from keras_jumbo.layers import FoldChannels
 from keras_jumbo.layers import LayerScale
 from keras_jumbo.layers import MultiHeadSelfAttention
+from keras_jumbo.layers import MultiScalePatchFusion
 from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import PatchEmbedding
+from keras_jumbo.layers import PatchEmbedding1D
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import PrefixTokens
+from keras_jumbo.layers import RevIN
 from keras_jumbo.layers import TransformerBlock
 from keras_jumbo.layers import TransformerEncoder
 
@@ -51,6 +58,7 @@ _FREE_WITH_WEIGHTS = (
     PositionEmbedding,
     PrefixTokens,
     LayerScale,
+    RevIN,
 )
 
 
@@ -137,9 +145,22 @@ def mac_report(model):
             f"builder returns one). Received: model={type(model).__name__}"
         )
     rows = []
+    # Examples per model example that each tensor's batch axis holds.
+    factors = {}
     for depth in sorted(model._nodes_by_depth, reverse=True):
         for node in model._nodes_by_depth[depth]:
             layer = node.operation
+            factor = max(
+                (factors.get(id(t), 1) for t in node.input_tensors),
+                default=1,
+            )
+            if isinstance(layer, FoldChannels):
+                if layer.inverse:
+                    factor //= layer.num_channels
+                else:
+                    factor *= layer.num_channels
+            for tensor in node.output_tensors:
+                factors[id(tensor)] = factor
             if not isinstance(layer, keras.layers.Layer):
                 continue
             inputs = [t.shape for t in node.input_tensors]
@@ -147,6 +168,11 @@ def mac_report(model):
                 continue
             outputs = [t.shape for t in node.output_tensors]
             macs = layer_macs(layer, inputs, outputs[0])
+            if not isinstance(layer, FoldChannels):
+                macs *= max(
+                    (factors.get(id(t), 1) for t in node.input_tensors),
+                    default=1,
+                )
             rows.append((layer.name, type(layer).__name__, macs))
     return rows
 
@@ -228,6 +254,22 @@ def _mha_rule(layer, input_shapes, output_shape):
 @register_mac_rule(PatchEmbedding)
 def _patch_embedding_rule(layer, input_shapes, output_shape):
     return _conv_rule(layer.projection, input_shapes, output_shape)
+
+
+@register_mac_rule(PatchEmbedding1D)
+def _patch_embedding_1d_rule(layer, input_shapes, output_shape):
+    # (1, C, N, D): C * N patches of length P projected to D.
+    _, channels, patches, dim = output_shape
+    return channels * patches * layer.patch_length * dim
+
+
+@register_mac_rule(MultiScalePatchFusion)
+def _fusion_rule(layer, input_shapes, output_shape):
+    _, horizon, channels = output_shape
+    k = len(input_shapes)
+    if layer.mode == "per_step":
+        return horizon * channels * k
+    return channels * k * horizon * horizon
 
 
 @register_mac_rule(MLP)

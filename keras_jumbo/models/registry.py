@@ -1,6 +1,9 @@
 """Model registry: `list_models()` and `create_model(name, **overrides)`."""
 
 from keras_jumbo.models.non_deep_vit import NonDeepViT
+from keras_jumbo.models.patchtst import MSPatchTST
+from keras_jumbo.models.patchtst import PatchTSTClassifier
+from keras_jumbo.models.patchtst import PatchTSTForecaster
 from keras_jumbo.models.vision_transformer import JumboViT
 from keras_jumbo.models.vision_transformer import RegistersViT
 from keras_jumbo.models.vision_transformer import ViT
@@ -29,6 +32,14 @@ for _depth, _branches in ((6, 2), (4, 3), (3, 4)):
         depth=_depth,
         num_branches=_branches,
     )
+
+# Time series: Jumbo paper §4.3 / A.2.2-A.2.3 (classification), PatchTST and
+# MS-PatchTST (forecasting).
+register_model("patchtst", PatchTSTClassifier)
+register_model("patchtst_registers", PatchTSTClassifier, num_registers="auto")
+register_model("patchtst_jumbo", PatchTSTClassifier, jumbo_multiplier=4)
+register_model("patchtst_forecaster", PatchTSTForecaster)
+register_model("ms_patchtst", MSPatchTST)
 
 
 def list_models(pattern=None):

@@ -20,6 +20,9 @@ from keras_jumbo.layers.jumbo_token import jumbo_merge
 from keras_jumbo.models.vit_sizes import get_size
 
 HEADS = {"jumbo", "official", "token", "avg"}
+# "jumbo_avg": the mean of the J split Jumbo tokens, width D (PatchTST+Jumbo
+# classification, Jumbo paper A.2.3).
+POOLING_MODES = HEADS | {"jumbo_avg"}
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -30,10 +33,12 @@ class TokenPooling(keras.layers.Layer):
     tokens after `num_prefix_tokens`), `"jumbo"` (the first J tokens
     reassembled into the `J * D` Jumbo token), `"official"` (the official
     Jumbo release: reassembled Jumbo token concatenated with the mean of the
-    patch tokens, width `J * D + D`).
+    patch tokens, width `J * D + D`), `"jumbo_avg"` (the mean of the J
+    split Jumbo tokens, width D; PatchTST+Jumbo, Jumbo paper A.2.3).
 
     Args:
-        mode: one of `"token"`, `"avg"`, `"jumbo"`, `"official"`.
+        mode: one of `"token"`, `"avg"`, `"jumbo"`, `"official"`,
+            `"jumbo_avg"`.
         num_prefix_tokens: int, the number of leading non-patch tokens
             (J for Jumbo models; 1 + R for CLS + registers).
         **kwargs: base `keras.layers.Layer` arguments.
@@ -47,7 +52,7 @@ class TokenPooling(keras.layers.Layer):
 
     def __init__(self, mode, num_prefix_tokens, **kwargs):
         super().__init__(**kwargs)
-        self.mode = check_choice("mode", mode, HEADS)
+        self.mode = check_choice("mode", mode, POOLING_MODES)
         self.num_prefix_tokens = check_positive_int(
             "num_prefix_tokens", num_prefix_tokens, allow_zero=True
         )
@@ -58,6 +63,8 @@ class TokenPooling(keras.layers.Layer):
             return inputs[:, 0]
         if self.mode == "avg":
             return ops.mean(inputs[:, prefix:], axis=1)
+        if self.mode == "jumbo_avg":
+            return ops.mean(inputs[:, :prefix], axis=1)
         jumbo = jumbo_merge(inputs[:, :prefix])
         if self.mode == "jumbo":
             return jumbo
@@ -69,6 +76,7 @@ class TokenPooling(keras.layers.Layer):
         width = {
             "token": dim,
             "avg": dim,
+            "jumbo_avg": dim,
             "jumbo": self.num_prefix_tokens * dim,
             "official": (self.num_prefix_tokens + 1) * dim,
         }[self.mode]

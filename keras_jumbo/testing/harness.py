@@ -22,8 +22,9 @@ def randomize_weights(model_or_layer, seed=0, scale=0.5):
     Identity-like initial weights (LayerNorm gamma=1/beta=0, zero heads,
     zero LoRA up-projections, LayerScale constants) hide bugs: a test that
     passes with them may fail with trained weights. Scales (gamma-like
-    weights) become `1 + N(0, scale)`, everything else `N(0, scale)`
-    divided by sqrt(fan-in) for kernels.
+    weights) become `1 + N(0, scale)`, BatchNorm moving variances
+    `|1 + N(0, scale)|`, everything else `N(0, scale)` divided by
+    sqrt(fan-in) for kernels.
     """
     rng = np.random.default_rng(seed)
     for variable in model_or_layer.weights:
@@ -32,14 +33,35 @@ def randomize_weights(model_or_layer, seed=0, scale=0.5):
         values = rng.normal(0.0, scale, size=shape)
         if name in ("gamma", "scale"):
             values = 1.0 + values
+        elif name == "moving_variance":  # must stay positive
+            values = np.abs(1.0 + values)
         elif len(shape) >= 2:
             values = values / np.sqrt(max(1, int(np.prod(shape[:-1]))))
         variable.assign(values.astype(variable.dtype))
     return model_or_layer
 
 
+def _is_multi(input_shape):
+    return isinstance(input_shape, list)
+
+
+def _symbolic(input_shape):
+    if _is_multi(input_shape):
+        return [keras.KerasTensor(s) for s in input_shape]
+    return keras.KerasTensor(input_shape)
+
+
+def _random(rng, input_shape):
+    if _is_multi(input_shape):
+        return [rng.normal(size=s).astype("float32") for s in input_shape]
+    return rng.normal(size=input_shape).astype("float32")
+
+
 def _wrap(layer, input_shape, call_kwargs=None):
-    inputs = keras.Input(batch_shape=input_shape)
+    if _is_multi(input_shape):
+        inputs = [keras.Input(batch_shape=s) for s in input_shape]
+    else:
+        inputs = keras.Input(batch_shape=input_shape)
     outputs = layer(inputs, **(call_kwargs or {}))
     return keras.Model(inputs, outputs)
 
@@ -83,6 +105,9 @@ def run_layer_test(
 ):
     """The checks every public keras_jumbo layer passes.
 
+    `input_shape` is a shape tuple, or a list of them for layers taking a
+    list of inputs.
+
     1. Config round trip: `from_config(get_config())` has the same config,
        and the layer survives `keras.saving.serialize/deserialize`.
     2. Weight counts after `build`.
@@ -122,14 +147,14 @@ def run_layer_test(
     )
 
     symbolic = layer_cls(**init_kwargs)
-    out = symbolic(keras.KerasTensor(input_shape), **call_kwargs)
+    out = symbolic(_symbolic(input_shape), **call_kwargs)
     assert tuple(out.shape) == expected_output_shape, out.shape
     assert (
         tuple(symbolic.compute_output_shape(input_shape))
         == expected_output_shape
     )
 
-    x = rng.normal(size=input_shape).astype("float32")
+    x = _random(rng, input_shape)
     eager = layer_cls(**init_kwargs)
     y = eager(x, **call_kwargs)
     assert tuple(y.shape) == expected_output_shape, y.shape
@@ -139,7 +164,8 @@ def run_layer_test(
     if run_training_check:
         model.compile(optimizer="sgd", loss="mse")
         target = rng.normal(size=expected_output_shape).astype("float32")
-        history = model.fit(x, target, batch_size=len(x), verbose=0)
+        batch = expected_output_shape[0]
+        history = model.fit(x, target, batch_size=batch, verbose=0)
         assert np.isfinite(history.history["loss"][-1])
 
     if run_mixed_precision_check:

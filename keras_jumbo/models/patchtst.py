@@ -1,0 +1,550 @@
+"""PatchTST (+Registers, +Jumbo) classifiers and forecasters, MS-PatchTST.
+
+One backbone for all of them (patching, channel independence, learned
+1-D position embeddings, prefix tokens, the shared `TransformerEncoder`);
+the models differ in their prefix tokens, head and normalisation.
+"""
+
+import math
+
+import keras
+
+from keras_jumbo.layers import ClassToken
+from keras_jumbo.layers import FoldChannels
+from keras_jumbo.layers import JumboToken
+from keras_jumbo.layers import MultiScalePatchFusion
+from keras_jumbo.layers import PatchEmbedding1D
+from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.layers import Registers
+from keras_jumbo.layers import RevIN
+from keras_jumbo.layers import TransformerEncoder
+from keras_jumbo.layers import num_patches as count_patches
+from keras_jumbo.layers import patching_for_num_patches
+from keras_jumbo.layers._utils import check_choice
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.models.vision_transformer import TokenPooling
+
+
+def registers_matching_jumbo_flops(width, num_patches, jumbo_multiplier):
+    """Registers R whose per-layer FLOPs match a Jumbo layer (Jumbo A.2.3).
+
+    Proposition 1 (FFN hidden width 2D, the Jumbo FFN 2·J·D):
+    `R = -(2D + P) + sqrt((2D + P)² + (1 + 2D)J² + 2(D + P)J)`, rounded to
+    the nearest integer as the paper does.
+
+    Args:
+        width: D, the token width.
+        num_patches: P, the patch tokens per channel.
+        jumbo_multiplier: J.
+
+    Returns:
+        int, R.
+
+    Example:
+    >>> registers_matching_jumbo_flops(128, 8, 4)
+    10
+    """
+    d = check_positive_int("width", width)
+    p = check_positive_int("num_patches", num_patches)
+    j = check_positive_int("jumbo_multiplier", jumbo_multiplier)
+    exact = -(2 * d + p) + math.sqrt(
+        (2 * d + p) ** 2 + (1 + 2 * d) * j**2 + 2 * (d + p) * j
+    )
+    return int(round(exact))
+
+
+def _patching(sequence_length, patch_length, stride, padding, num_patches):
+    check_positive_int("sequence_length", sequence_length)
+    if num_patches is not None:
+        if patch_length is not None or stride is not None:
+            raise ValueError(
+                "Give either `num_patches` or `patch_length`/`stride`. "
+                f"Received: num_patches={num_patches}, "
+                f"patch_length={patch_length}, stride={stride}"
+            )
+        return patching_for_num_patches(sequence_length, num_patches)
+    patch_length = 16 if patch_length is None else patch_length
+    check_positive_int("patch_length", patch_length)
+    if stride is None:
+        stride = max(1, patch_length // 2)
+    check_positive_int("stride", stride)
+    count_patches(sequence_length, patch_length, stride, padding)
+    return {"patch_length": patch_length, "stride": stride, "padding": padding}
+
+
+def _backbone(
+    series,
+    patching,
+    *,
+    num_channels,
+    hidden_dim,
+    num_heads,
+    depth,
+    mlp_dim,
+    use_class_token=False,
+    num_registers=0,
+    jumbo_multiplier=0,
+    jumbo_mlp_dim=None,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    drop_path_rate=0.0,
+    normalization="layer_norm",
+    norm_first=True,
+    residual_attention=False,
+    layer_norm_epsilon=1e-6,
+    activation="gelu",
+    prefix="",
+):
+    """Series `(batch, L, C)` -> tokens `(batch * C, prefix + N, D)`."""
+    check_positive_int("hidden_dim", hidden_dim)
+    check_positive_int("num_heads", num_heads)
+    check_positive_int("depth", depth)
+    check_positive_int("mlp_dim", mlp_dim)
+    check_rate("dropout_rate", dropout_rate)
+    if hidden_dim % num_heads:
+        raise ValueError(
+            "`hidden_dim` must be divisible by `num_heads`. Received: "
+            f"hidden_dim={hidden_dim}, num_heads={num_heads}"
+        )
+    embedding = PatchEmbedding1D(
+        hidden_dim, **patching, name=f"{prefix}patch_embedding"
+    )
+    x = embedding(series)  # (batch, C, N, D)
+    x = FoldChannels(num_channels, name=f"{prefix}fold_channels")(x)
+    num_patches = x.shape[1]
+    x = PositionEmbedding(
+        (num_patches,),
+        # Official PatchTST: learned, uniform(-0.02, 0.02).
+        initializer=keras.initializers.RandomUniform(-0.02, 0.02),
+        name=f"{prefix}position_embedding",
+    )(x)
+    if dropout_rate:
+        x = keras.layers.Dropout(dropout_rate, name=f"{prefix}pos_dropout")(x)
+    if jumbo_multiplier:
+        x = JumboToken(jumbo_multiplier, name=f"{prefix}jumbo_token")(x)
+    else:
+        if num_registers:
+            x = Registers(num_registers, name=f"{prefix}registers")(x)
+        if use_class_token:
+            x = ClassToken(name=f"{prefix}class_token")(x)
+    x = TransformerEncoder(
+        depth,
+        num_heads,
+        mlp_dim,
+        jumbo_multiplier=jumbo_multiplier,
+        jumbo_mlp_dim=jumbo_mlp_dim,
+        # The Jumbo head reads only the Jumbo tokens: the last block's
+        # patch FFN would never be used (as JumboViT's head="jumbo").
+        last_block_patch_mlp=not jumbo_multiplier,
+        dropout_rate=dropout_rate,
+        attention_dropout_rate=attention_dropout_rate,
+        drop_path_rate=drop_path_rate,
+        normalization=normalization,
+        norm_first=norm_first,
+        residual_attention=residual_attention,
+        layer_norm_epsilon=layer_norm_epsilon,
+        activation=activation,
+        name=f"{prefix}encoder",
+    )(x)
+    return x
+
+
+def _series_input(sequence_length, num_channels):
+    check_positive_int("sequence_length", sequence_length)
+    check_positive_int("num_channels", num_channels)
+    return keras.Input((sequence_length, num_channels), name="series")
+
+
+def PatchTSTClassifier(
+    num_classes=2,
+    sequence_length=128,
+    num_channels=1,
+    *,
+    num_patches=8,
+    patch_length=None,
+    stride=None,
+    padding="end",
+    hidden_dim=128,
+    num_heads=16,
+    depth=3,
+    mlp_dim=256,
+    num_registers=0,
+    matched_jumbo_multiplier=4,
+    jumbo_multiplier=0,
+    jumbo_mlp_dim=None,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    drop_path_rate=0.0,
+    head_dropout_rate=0.0,
+    normalization="layer_norm",
+    norm_first=True,
+    residual_attention=False,
+    instance_norm=False,
+    layer_norm_epsilon=1e-6,
+    activation="gelu",
+    name=None,
+):
+    """PatchTST classifier with a CLS token, registers or a Jumbo token.
+
+    The Jumbo paper's time-series setup (§4.3, A.2.2-A.2.3): every channel
+    of a `(batch, L, C)` series is patched and run through one shared
+    backbone (3 layers, width 128, 16 heads, FFN 256, GELU); each channel
+    yields one width-D vector (its CLS token, or the average of the J split
+    Jumbo tokens), the C vectors are concatenated and a linear layer gives
+    the logits.
+
+    - PatchTST: `num_registers=0, jumbo_multiplier=0` (CLS token).
+    - PatchTST+Registers: CLS + R registers; `num_registers="auto"` takes
+      R from `registers_matching_jumbo_flops(hidden_dim, N,
+      matched_jumbo_multiplier)` (Proposition 1).
+    - PatchTST+Jumbo: `jumbo_multiplier=J` (4 in the paper), no CLS token;
+      the Jumbo FFN is `J*D -> jumbo_mlp_dim -> J*D`, `jumbo_mlp_dim`
+      defaulting to `J * mlp_dim` (the 2x ratio Proposition 1 assumes).
+
+    Blocks are pre-norm LayerNorm ViT blocks (the paper runs the patches
+    "as they are in ViTs"), followed by a final LayerNorm;
+    `normalization="batch_norm", norm_first=False,
+    residual_attention=True` gives the official PatchTST encoder instead
+    (then no final norm, as there).
+
+    Args:
+        num_classes: int.
+        sequence_length: int, L.
+        num_channels: int, C.
+        num_patches: N equally sized patches, stride half the patch length
+            (A.2.2: 8 or 42); or None to use `patch_length`/`stride`.
+        patch_length, stride, padding: explicit patching (see
+            `PatchEmbedding1D`); give `num_patches=None` with them.
+        hidden_dim, num_heads, depth, mlp_dim: the backbone (128, 16, 3,
+            256).
+        num_registers: int or `"auto"`.
+        matched_jumbo_multiplier: J used by `num_registers="auto"`.
+        jumbo_multiplier: int, J (0: no Jumbo token).
+        jumbo_mlp_dim: hidden width of the Jumbo FFN.
+        dropout_rate, attention_dropout_rate, drop_path_rate: floats.
+        head_dropout_rate: dropout before the classifier.
+        normalization, norm_first, residual_attention: see
+            `TransformerBlock`.
+        instance_norm: bool, normalise each series (RevIN without affine)
+            before patching.
+        layer_norm_epsilon: float.
+        activation: FFN activation.
+        name: model name.
+
+    Returns:
+        A functional `keras.Model` from `(batch, L, C)` series to logits.
+
+    Example:
+    >>> model = PatchTSTClassifier(4, 96, 3, jumbo_multiplier=4)
+    >>> model(np.zeros((2, 96, 3))).shape
+    (2, 4)
+    """
+    check_positive_int("num_classes", num_classes)
+    check_rate("head_dropout_rate", head_dropout_rate)
+    check_positive_int("jumbo_multiplier", jumbo_multiplier, allow_zero=True)
+    patching = _patching(
+        sequence_length, patch_length, stride, padding, num_patches
+    )
+    series = _series_input(sequence_length, num_channels)
+    patches = count_patches(sequence_length, **patching)
+    if num_registers == "auto":
+        num_registers = registers_matching_jumbo_flops(
+            hidden_dim, patches, matched_jumbo_multiplier
+        )
+    check_positive_int("num_registers", num_registers, allow_zero=True)
+    if jumbo_multiplier and num_registers:
+        raise ValueError(
+            "A Jumbo model has no registers. Received: "
+            f"jumbo_multiplier={jumbo_multiplier}, "
+            f"num_registers={num_registers}"
+        )
+    if jumbo_multiplier and jumbo_mlp_dim is None:
+        jumbo_mlp_dim = jumbo_multiplier * mlp_dim
+    x = series
+    if instance_norm:
+        x = RevIN(name="instance_norm")(x)
+    x = _backbone(
+        x,
+        patching,
+        num_channels=num_channels,
+        hidden_dim=hidden_dim,
+        num_heads=num_heads,
+        depth=depth,
+        mlp_dim=mlp_dim,
+        use_class_token=not jumbo_multiplier,
+        num_registers=num_registers,
+        jumbo_multiplier=jumbo_multiplier,
+        jumbo_mlp_dim=jumbo_mlp_dim,
+        dropout_rate=dropout_rate,
+        attention_dropout_rate=attention_dropout_rate,
+        drop_path_rate=drop_path_rate,
+        normalization=normalization,
+        norm_first=norm_first,
+        residual_attention=residual_attention,
+        layer_norm_epsilon=layer_norm_epsilon,
+        activation=activation,
+    )
+    if norm_first:
+        x = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, name="final_norm"
+        )(x)
+    if jumbo_multiplier:
+        x = TokenPooling("jumbo_avg", jumbo_multiplier, name="pooling")(x)
+    else:
+        x = TokenPooling("token", 1 + num_registers, name="pooling")(x)
+    x = FoldChannels(num_channels, inverse=True, name="unfold_channels")(x)
+    x = keras.layers.Flatten(name="concat_channels")(x)
+    if head_dropout_rate:
+        x = keras.layers.Dropout(head_dropout_rate, name="head_dropout")(x)
+    logits = keras.layers.Dense(
+        num_classes, kernel_initializer="zeros", name="head"
+    )(x)
+    if name is None:
+        name = "patchtst"
+        if jumbo_multiplier:
+            name = "patchtst_jumbo"
+        elif num_registers:
+            name = "patchtst_registers"
+    return keras.Model(series, logits, name=name)
+
+
+OFFICIAL_ENCODER = dict(
+    normalization="batch_norm",
+    norm_first=False,
+    residual_attention=True,
+    layer_norm_epsilon=1e-5,
+)
+
+
+def _forecast_head(tokens, horizon, num_channels, head_dropout_rate, prefix):
+    """Flatten head: `(batch*C, N, D)` -> `(batch, T, C)` (normalised)."""
+    x = keras.layers.Flatten(name=f"{prefix}flatten")(tokens)
+    x = keras.layers.Dense(horizon, name=f"{prefix}head")(x)
+    if head_dropout_rate:
+        x = keras.layers.Dropout(
+            head_dropout_rate, name=f"{prefix}head_dropout"
+        )(x)
+    x = FoldChannels(num_channels, inverse=True, name=f"{prefix}unfold")(x)
+    return keras.layers.Permute((2, 1), name=f"{prefix}to_time_major")(x)
+
+
+def _forecaster_options(kwargs):
+    options = dict(
+        hidden_dim=128,
+        num_heads=16,
+        depth=3,
+        mlp_dim=256,
+        dropout_rate=0.2,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        activation="gelu",
+        **OFFICIAL_ENCODER,
+    )
+    unknown = set(kwargs) - set(options)
+    if unknown:
+        raise TypeError(
+            f"Unknown arguments: {sorted(unknown)}. Received: "
+            f"{ {k: kwargs[k] for k in sorted(unknown)} }"
+        )
+    options.update(kwargs)
+    return options
+
+
+def PatchTSTForecaster(
+    sequence_length=336,
+    horizon=96,
+    num_channels=7,
+    *,
+    patch_length=16,
+    stride=8,
+    padding="end",
+    head_dropout_rate=0.0,
+    revin=True,
+    revin_affine=False,
+    subtract_last=False,
+    name="patchtst_forecaster",
+    **kwargs,
+):
+    """PatchTST long-horizon forecaster (Nie et al., ICLR 2023).
+
+    RevIN -> per-channel patching (P=16, S=8, end padding) -> shared
+    encoder -> flatten head (N·D -> T per channel) -> RevIN inverse.
+    Defaults are the official PatchTST's (its Weather/ETT scripts): width
+    128, 16 heads, 3 layers, FFN 256, dropout 0.2, and its encoder
+    (BatchNorm, post-norm, residual attention scores, which its paper does
+    not mention); pass `normalization="layer_norm", norm_first=True,
+    residual_attention=False` for ViT blocks.
+
+    Args:
+        sequence_length: look-back L.
+        horizon: forecast length T.
+        num_channels: C.
+        patch_length, stride, padding: patching.
+        head_dropout_rate: dropout after the head.
+        revin: bool, reversible instance normalisation.
+        revin_affine, subtract_last: RevIN options.
+        name: model name.
+        **kwargs: `hidden_dim`, `num_heads`, `depth`, `mlp_dim`,
+            `dropout_rate`, `attention_dropout_rate`, `drop_path_rate`,
+            `normalization`, `norm_first`, `residual_attention`,
+            `layer_norm_epsilon`, `activation`.
+
+    Returns:
+        A functional `keras.Model`: `(batch, L, C)` -> `(batch, T, C)`.
+
+    Example:
+    >>> model = PatchTSTForecaster(96, 24, 3, hidden_dim=16, num_heads=2)
+    >>> model(np.zeros((2, 96, 3))).shape
+    (2, 24, 3)
+    """
+    return MSPatchTST(
+        sequence_length,
+        horizon,
+        num_channels,
+        patch_length=patch_length,
+        stride=stride,
+        padding=padding,
+        scales=("medium",),
+        head_dropout_rate=head_dropout_rate,
+        revin=revin,
+        revin_affine=revin_affine,
+        subtract_last=subtract_last,
+        name=name,
+        **kwargs,
+    )
+
+
+SCALES = {"small": 0.5, "medium": 1.0, "large": 2.0}
+
+
+def resolve_scales(scales, patch_length, stride):
+    """Scale names or explicit pairs -> `[(patch_length, stride), ...]`.
+
+    MS-PatchTST Table I: small = (P/2, S/2), medium = (P, S), large =
+    (2P, 2S), around the base (P, S) = (16, 8).
+    """
+    if isinstance(scales, str):
+        scales = (scales,)
+    if not isinstance(scales, (list, tuple)) or not scales:
+        raise ValueError(
+            "`scales` must be a non-empty list of scale names "
+            f"({sorted(SCALES)}) or (patch_length, stride) pairs. "
+            f"Received: scales={scales!r}"
+        )
+    resolved = []
+    for scale in scales:
+        if isinstance(scale, str):
+            if scale not in SCALES:
+                raise ValueError(
+                    f"Unknown scale. Expected one of {sorted(SCALES)} or a "
+                    f"(patch_length, stride) pair. Received: scale={scale!r}"
+                )
+            factor = SCALES[scale]
+            pair = (
+                max(1, int(patch_length * factor)),
+                max(1, int(stride * factor)),
+            )
+        elif isinstance(scale, (list, tuple)) and len(scale) == 2:
+            pair = (
+                check_positive_int("patch_length", scale[0]),
+                check_positive_int("stride", scale[1]),
+            )
+        else:
+            raise ValueError(
+                "Each scale is a name or a (patch_length, stride) pair. "
+                f"Received: scale={scale!r}"
+            )
+        if pair in resolved:
+            raise ValueError(f"Scales must differ. Received: scales={scales!r}")
+        resolved.append(pair)
+    return resolved
+
+
+def MSPatchTST(
+    sequence_length=336,
+    horizon=96,
+    num_channels=7,
+    *,
+    patch_length=16,
+    stride=8,
+    padding="end",
+    scales=("small", "large"),
+    fusion="per_step",
+    head_dropout_rate=0.0,
+    revin=True,
+    revin_affine=False,
+    subtract_last=False,
+    name="ms_patchtst",
+    **kwargs,
+):
+    """MS-PatchTST: k PatchTST backbones at different patch lengths, fused.
+
+    The series is normalised once (RevIN statistics are the same for every
+    scale), each of the k backbones patches it at its own (P_j, S_j) and
+    forecasts it, each forecast is de-normalised, and
+    `MultiScalePatchFusion` combines them (MS-PatchTST §III-B).
+
+    Args:
+        sequence_length: L (336 in the paper).
+        horizon: T (96).
+        num_channels: C.
+        patch_length, stride: the base scale (16, 8; Table I).
+        padding: patch end padding of every backbone.
+        scales: names among `"small"`, `"medium"`, `"large"` (P/2, P, 2P,
+            strides alike) or explicit `(patch_length, stride)` pairs.
+            Default `("small", "large")`, the paper's best configuration
+            (Table II, used for its Table III).
+        fusion: `"per_step"` (the paper's k -> 1 map, default) or
+            `"flatten"` (its code's k·T -> T map); see
+            `MultiScalePatchFusion`.
+        head_dropout_rate, revin, revin_affine, subtract_last, name,
+        **kwargs: as `PatchTSTForecaster`.
+
+    Returns:
+        A functional `keras.Model`: `(batch, L, C)` -> `(batch, T, C)`.
+
+    Example:
+    >>> model = MSPatchTST(96, 24, 3, scales=("small", "medium", "large"),
+    ...                    hidden_dim=16, num_heads=2)
+    >>> model(np.zeros((2, 96, 3))).shape
+    (2, 24, 3)
+    """
+    check_positive_int("horizon", horizon)
+    check_rate("head_dropout_rate", head_dropout_rate)
+    check_choice("fusion", fusion, {"per_step", "flatten"})
+    check_positive_int("patch_length", patch_length)
+    check_positive_int("stride", stride)
+    options = _forecaster_options(kwargs)
+    pairs = resolve_scales(scales, patch_length, stride)
+    for p, s in pairs:
+        count_patches(sequence_length, p, s, padding)
+    series = _series_input(sequence_length, num_channels)
+    normaliser = None
+    x = series
+    if revin:
+        normaliser = RevIN(
+            affine=revin_affine, subtract_last=subtract_last, name="revin"
+        )
+        x = normaliser(series)
+    forecasts = []
+    for index, (p, s) in enumerate(pairs):
+        prefix = "" if len(pairs) == 1 else f"scale_{index}_"
+        tokens = _backbone(
+            x,
+            {"patch_length": p, "stride": s, "padding": padding},
+            num_channels=num_channels,
+            prefix=prefix,
+            **options,
+        )
+        forecast = _forecast_head(
+            tokens, horizon, num_channels, head_dropout_rate, prefix
+        )
+        if normaliser is not None:
+            forecast = normaliser(forecast, reference=series)
+        forecasts.append(forecast)
+    if len(forecasts) == 1:
+        outputs = forecasts[0]
+    else:
+        outputs = MultiScalePatchFusion(fusion, name="fusion")(forecasts)
+    return keras.Model(series, outputs, name=name)
