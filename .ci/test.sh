@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONHASHSEED=0
 
-"$PYTHON" -m ruff check keras_jumbo tests examples benchmarks tflite
-"$PYTHON" -m ruff format --check keras_jumbo tests examples benchmarks tflite
+"$PYTHON" -m ruff check keras_jumbo tests examples benchmarks tflite recipes
+"$PYTHON" -m ruff format --check keras_jumbo tests examples benchmarks tflite recipes
 
 status=0
 for backend in jax tensorflow torch; do
@@ -23,4 +23,6 @@ done
 echo "=== example smoke run (real Fashion-MNIST, JAX) ==="
 KERAS_BACKEND=jax CI=1 "$PYTHON" examples/train_fashion_mnist.py \
   --epochs 1 --train-examples 2048 || status=1
+echo "=== time-series recipe smoke run (real GunPoint, Appliances Energy) ==="
+KERAS_BACKEND=jax "$PYTHON" -m recipes.time_series --smoke || status=1
 exit $status

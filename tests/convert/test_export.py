@@ -12,7 +12,9 @@ from keras_jumbo.convert import export_tflite
 from keras_jumbo.convert import reparameterize
 from keras_jumbo.convert import set_join_lambda
 from keras_jumbo.models import JumboViT
+from keras_jumbo.models import MSPatchTST
 from keras_jumbo.models import NonDeepViT
+from keras_jumbo.models import PatchTSTClassifier
 from keras_jumbo.testing import randomize_weights
 
 TINY = dict(
@@ -49,6 +51,30 @@ def test_jumbo_vit_exports_exactly(jumbo_model, tmp_path):
         <= 1e-4
     )
     assert export_onnx(jumbo_model, tmp_path / "j.onnx")["max_abs_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "builder,kwargs",
+    [
+        # PatchTST+Jumbo classifier, ViT blocks.
+        (PatchTSTClassifier, dict(num_classes=3, jumbo_multiplier=2)),
+        # MS-PatchTST: RevIN, BatchNorm, post-norm, residual attention.
+        (MSPatchTST, dict(horizon=8, patch_length=8, stride=4)),
+    ],
+)
+def test_time_series_models_export_exactly(builder, kwargs, tmp_path):
+    model = builder(
+        sequence_length=32,
+        num_channels=2,
+        hidden_dim=16,
+        num_heads=2,
+        depth=2,
+        mlp_dim=32,
+        **kwargs,
+    )
+    randomize_weights(model)
+    assert export_tflite(model, tmp_path / "t.tflite")["max_abs_diff"] <= 1e-4
+    assert export_onnx(model, tmp_path / "t.onnx")["max_abs_diff"] <= 1e-4
 
 
 @pytest.mark.parametrize("quantize", ["float16", "dynamic_int8"])

@@ -1,0 +1,1 @@
+"""The papers' training recipes as code (see each module's docstring)."""
