@@ -36,23 +36,18 @@ PAPER_NON_DEEP = {
 def non_deep_models():
     import keras_jumbo as kj
 
-    common = dict(
-        num_classes=1000,
-        hidden_dim=192,
-        num_heads=12,
-        image_size=224,
-        patch_size=16,
-    )
-    rows = {"DeiT-Tiny (12 layers)": kj.models.NonDeepViT(12, 1, **common)}
+    # NonDeepViT's defaults are the paper's setup: DeiT-Tiny geometry (width
+    # 192, 12 heads, 224 px, patch 16, average pooling), 1000 classes.
+    rows = {"DeiT-Tiny (12 layers)": kj.models.NonDeepViT(12, 1)}
     for depth, branches in ((6, 2), (4, 3), (3, 4)):
-        branchy = kj.models.NonDeepViT(depth, branches, **common)
+        branchy = kj.models.NonDeepViT(depth, branches)
         kj.convert.set_join_lambda(branchy, 1.0)
         rows[f"NonDeepViT-{depth}x{branches} (training)"] = branchy
         rows[f"NonDeepViT-{depth}x{branches}-R"] = kj.convert.reparameterize(
             branchy, pad_values=False
         )
     for depth in (6, 4, 3):
-        rows[f"DeiT-{depth}"] = kj.models.NonDeepViT(depth, 1, **common)
+        rows[f"DeiT-{depth}"] = kj.models.NonDeepViT(depth, 1)
     return rows
 
 

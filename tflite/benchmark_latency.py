@@ -70,21 +70,16 @@ def non_deep_comparison(threads, warmup, repeats):
     import keras_jumbo as kj
     from keras_jumbo.testing import randomize_weights
 
-    common = dict(
-        num_classes=1000,
-        hidden_dim=192,
-        num_heads=12,
-        image_size=224,
-        patch_size=16,
-    )
-    branchy = kj.models.NonDeepViT(6, 2, **common)
+    # NonDeepViT's defaults are the paper's setup: DeiT-Tiny geometry (width
+    # 192, 12 heads, 224 px, patch 16, average pooling), 1000 classes.
+    branchy = kj.models.NonDeepViT(6, 2)
     randomize_weights(branchy)
     kj.convert.set_join_lambda(branchy, 1.0)
 
     def plain(depth):
         # One-branch NonDeepViT, reparameterised: the same stock Keras
         # layers as the collapsed model, so only depth and widths differ.
-        model = kj.models.NonDeepViT(depth, 1, **common)
+        model = kj.models.NonDeepViT(depth, 1)
         return kj.convert.reparameterize(model, pad_values=False)
 
     models = {
