@@ -8,6 +8,7 @@ from keras_jumbo.layers.jumbo_token import JumboToken
 from keras_jumbo.layers.jumbo_token import jumbo_merge
 from keras_jumbo.layers.jumbo_token import jumbo_split
 from keras_jumbo.layers.layer_scale import LayerScale
+from keras_jumbo.layers.masked_layer_norm import MaskedLayerNorm
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.multi_scale_patch_fusion import MultiScalePatchFusion
 from keras_jumbo.layers.parallel_branch_block import ParallelBranchBlock
@@ -19,6 +20,9 @@ from keras_jumbo.layers.position_embedding import PositionEmbedding
 from keras_jumbo.layers.prefix_tokens import PrefixTokens
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 from keras_jumbo.layers.registers import Registers
+from keras_jumbo.layers.residual_spatial_reduction import (
+    ResidualSpatialReduction,
+)
 from keras_jumbo.layers.revin import RevIN
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 from keras_jumbo.layers.token_dropping import TokenDropping
@@ -38,6 +42,8 @@ __all__ = [
     "patching_for_num_patches",
     "JumboToken",
     "LayerScale",
+    "MaskedLayerNorm",
+    "ResidualSpatialReduction",
     "MLP",
     "MultiHeadSelfAttention",
     "PatchEmbedding",

@@ -24,6 +24,10 @@ class MLP(keras.layers.Layer):
     Call arguments:
         inputs: `(..., features)`.
         training: bool, enables dropout.
+        hidden_mask: optional 0/1 tensor broadcastable to the hidden
+            activations (e.g. `(batch, 1, hidden_dim)`), applied after the
+            activation; a prefix of `f` hidden units kept is exactly the FFN
+            of hidden width `f` (NAS super-network channel masking).
 
     Returns:
         `(..., output_dim)`.
@@ -78,8 +82,10 @@ class MLP(keras.layers.Layer):
         )
         self.fc2.build((*input_shape[:-1], self.hidden_dim))
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, hidden_mask=None):
         x = self._activation_fn(self.fc1(inputs))
+        if hidden_mask is not None:
+            x = x * keras.ops.cast(hidden_mask, x.dtype)
         x = self.dropout(x, training=training)
         x = self.fc2(x)
         return self.dropout(x, training=training)

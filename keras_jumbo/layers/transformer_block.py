@@ -10,6 +10,7 @@ from keras_jumbo.layers.attention import MultiHeadSelfAttention
 from keras_jumbo.layers.jumbo_token import jumbo_merge
 from keras_jumbo.layers.jumbo_token import jumbo_split
 from keras_jumbo.layers.layer_scale import LayerScale
+from keras_jumbo.layers.masked_layer_norm import MaskedLayerNorm
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 
@@ -47,6 +48,17 @@ class TransformerBlock(keras.layers.Layer):
     the official PatchTST code, not its paper; they default to the ViT
     block.
 
+    NAS super-network (ViT-ResNAS §2.3): with
+    `normalization="masked_layer_norm"` the norms are `MaskedLayerNorm` and
+    the call takes per-example channel masks: `embed_mask` (the active
+    prefix of the width), `head_mask` (active heads, over `num_heads *
+    head_dim`), `hidden_mask` (active FFN units) and `layer_mask` (0 skips
+    the block: `x` passes through unchanged). Each branch output is
+    multiplied by `embed_mask * layer_mask`. With prefix masks the block
+    computes exactly the smaller block whose weights are the leading
+    slices (tested against the sliced standalone block). Without masks it
+    is the plain pre-norm block.
+
     The Jumbo FFN is the block's own (`share_jumbo_mlp=False`, the paper's
     default) or an `MLP` passed at call time (`shared_jumbo_mlp=`, used by
     `TransformerEncoder` to share one Jumbo FFN across layers as in the
@@ -56,7 +68,9 @@ class TransformerBlock(keras.layers.Layer):
     zero-initialised, as LoRA) to the shared FFN's output (Table 3 "LoRA").
 
     Args:
-        num_heads: int, attention heads; must divide the width D.
+        num_heads: int, attention heads; must divide the width D unless
+            `head_dim` is given.
+        head_dim: int or None, width of each head (default D // num_heads).
         mlp_dim: int, hidden width of the patch FFN.
         jumbo_multiplier: int >= 0, J (0 = plain block).
         jumbo_mlp_dim: int, hidden width of the Jumbo FFN (needed when
@@ -76,7 +90,9 @@ class TransformerBlock(keras.layers.Layer):
         drop_path_rate: float, stochastic-depth rate of every branch.
         layer_scale_init_value: float or None; None disables LayerScale.
         layer_norm_epsilon: float, epsilon of every normalisation layer.
-        normalization: `"layer_norm"` (default) or `"batch_norm"`.
+        normalization: `"layer_norm"` (default), `"batch_norm"` or
+            `"masked_layer_norm"` (NAS super-network; equals layer norm when
+            no mask is given).
         norm_first: bool, pre-norm (True, ViT) or post-norm (False).
         residual_attention: bool, carry attention scores across blocks.
         activation: FFN activation, `"gelu"` (exact, erf) by default.
@@ -92,6 +108,9 @@ class TransformerBlock(keras.layers.Layer):
             `share_jumbo_mlp=True`.
         attention_scores: with `residual_attention=True`, the previous
             block's scores `(batch, heads, J + N, J + N)` or None.
+        embed_mask, head_mask, hidden_mask, layer_mask: optional channel
+            masks `(batch, 1, width)` (`layer_mask`: `(batch, 1, 1)`) for
+            `normalization="masked_layer_norm"` blocks; see above.
 
     Returns:
         `(batch, J + N, D)`; with `residual_attention=True`, a pair
@@ -108,6 +127,7 @@ class TransformerBlock(keras.layers.Layer):
         self,
         num_heads,
         mlp_dim,
+        head_dim=None,
         jumbo_multiplier=0,
         jumbo_mlp_dim=None,
         share_jumbo_mlp=False,
@@ -129,13 +149,18 @@ class TransformerBlock(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.normalization = check_choice(
-            "normalization", normalization, {"layer_norm", "batch_norm"}
+            "normalization",
+            normalization,
+            {"layer_norm", "batch_norm", "masked_layer_norm"},
         )
         self.norm_first = check_bool("norm_first", norm_first)
         self.residual_attention = check_bool(
             "residual_attention", residual_attention
         )
         self.num_heads = check_positive_int("num_heads", num_heads)
+        if head_dim is not None:
+            check_positive_int("head_dim", head_dim)
+        self.head_dim = head_dim
         self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
         self.jumbo_multiplier = check_positive_int(
             "jumbo_multiplier", jumbo_multiplier, allow_zero=True
@@ -183,6 +208,12 @@ class TransformerBlock(keras.layers.Layer):
                 dtype=self.dtype_policy,
                 name=name,
             )
+        if self.normalization == "masked_layer_norm":
+            return MaskedLayerNorm(
+                epsilon=self.layer_norm_epsilon,
+                dtype=self.dtype_policy,
+                name=name,
+            )
         return keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
@@ -205,10 +236,11 @@ class TransformerBlock(keras.layers.Layer):
     def build(self, input_shape):
         check_rank(self, input_shape, 3)
         dim = input_shape[-1]
-        if dim is None or dim % self.num_heads:
+        if dim is None or (self.head_dim is None and dim % self.num_heads):
             raise ValueError(
-                "The model width must be divisible by `num_heads`. "
-                f"Received: width={dim}, num_heads={self.num_heads}"
+                "The model width must be divisible by `num_heads` (or give "
+                f"`head_dim`). Received: width={dim}, "
+                f"num_heads={self.num_heads}"
             )
         length = input_shape[1]
         if length is not None and length < self.jumbo_multiplier:
@@ -225,6 +257,7 @@ class TransformerBlock(keras.layers.Layer):
         self.norm1.build(input_shape)
         self.attention = MultiHeadSelfAttention(
             self.num_heads,
+            head_dim=self.head_dim,
             qkv_bias=self.qkv_bias,
             attention_dropout_rate=self.attention_dropout_rate,
             dropout_rate=self.dropout_rate,
@@ -285,25 +318,63 @@ class TransformerBlock(keras.layers.Layer):
                 self.layer_scale3.build(jumbo_shape)
 
     # --- forward ------------------------------------------------------
-    def _sublayer(self, x, norm, fn, scale, drop, training):
+    def _normalize(self, norm, x, training, masks):
+        if masks is not None:
+            return norm(x, channel_mask=masks["embed"])
+        return norm(x, training=training)
+
+    def _sublayer(self, x, norm, fn, scale, drop, training, masks=None):
         """Pre-norm `x + f(N(x))` or post-norm `N(x + f(x))`."""
-        branch = fn(norm(x, training=training) if self.norm_first else x)
+        if self.norm_first:
+            branch = fn(self._normalize(norm, x, training, masks))
+        else:
+            branch = fn(x)
         if scale is not None:
             branch = scale(branch)
-        x = x + drop(branch, training=training)
-        return x if self.norm_first else norm(x, training=training)
+        branch = drop(branch, training=training)
+        if masks is not None and masks["branch"] is not None:
+            branch = branch * ops.cast(masks["branch"], branch.dtype)
+        x = x + branch
+        if self.norm_first:
+            return x
+        return self._normalize(norm, x, training, masks)
 
-    def _patch_ffn(self, x, training):
+    def _patch_ffn(self, x, training, masks=None):
         if not self.use_patch_mlp:
             return x
+        hidden_mask = None if masks is None else masks["hidden"]
         return self._sublayer(
             x,
             self.norm2,
-            lambda h: self.mlp(h, training=training),
+            lambda h: self.mlp(h, training=training, hidden_mask=hidden_mask),
             self.layer_scale2,
             self.drop_path2,
             training,
+            masks,
         )
+
+    def _masks(self, embed_mask, head_mask, hidden_mask, layer_mask):
+        given = (embed_mask, head_mask, hidden_mask, layer_mask)
+        if all(m is None for m in given):
+            return None
+        if self.normalization != "masked_layer_norm" or self.jumbo_multiplier:
+            raise ValueError(
+                "Channel masks need a plain block with "
+                "normalization='masked_layer_norm'. Received: "
+                f"normalization={self.normalization!r}, "
+                f"jumbo_multiplier={self.jumbo_multiplier}"
+            )
+        if embed_mask is None:
+            embed_mask = ops.ones((1, 1, self.hidden_dim))
+        branch = embed_mask
+        if layer_mask is not None:
+            branch = embed_mask * layer_mask
+        return {
+            "embed": embed_mask,
+            "head": head_mask,
+            "hidden": hidden_mask,
+            "branch": branch,
+        }
 
     def _jumbo_ffn(self, jumbo, training, shared_jumbo_mlp):
         if not self.use_jumbo_mlp:
@@ -339,13 +410,20 @@ class TransformerBlock(keras.layers.Layer):
         training=None,
         shared_jumbo_mlp=None,
         attention_scores=None,
+        embed_mask=None,
+        head_mask=None,
+        hidden_mask=None,
+        layer_mask=None,
     ):
         scores = None
+        masks = self._masks(embed_mask, head_mask, hidden_mask, layer_mask)
 
         def attend(hidden):
             nonlocal scores
             if not self.residual_attention:
-                return self.attention(hidden, training=training)
+                return self.attention(
+                    hidden, training=training, head_mask=head_mask
+                )
             out, scores = self.attention(
                 hidden,
                 training=training,
@@ -361,6 +439,7 @@ class TransformerBlock(keras.layers.Layer):
             self.layer_scale1,
             self.drop_path1,
             training,
+            masks,
         )
         if self.jumbo_multiplier:
             num_jumbo = self.jumbo_multiplier
@@ -371,7 +450,7 @@ class TransformerBlock(keras.layers.Layer):
                 [jumbo_split(jumbo, num_jumbo), patches], axis=1
             )
         else:
-            x = self._patch_ffn(x, training)
+            x = self._patch_ffn(x, training, masks)
         if self.residual_attention:
             return x, scores
         return x
@@ -388,6 +467,7 @@ class TransformerBlock(keras.layers.Layer):
             {
                 "num_heads": self.num_heads,
                 "mlp_dim": self.mlp_dim,
+                "head_dim": self.head_dim,
                 "jumbo_multiplier": self.jumbo_multiplier,
                 "jumbo_mlp_dim": self.jumbo_mlp_dim,
                 "share_jumbo_mlp": self.share_jumbo_mlp,

@@ -17,6 +17,8 @@ from keras_jumbo.models.vision_transformer import RegistersViT
 from keras_jumbo.models.vision_transformer import TokenPooling
 from keras_jumbo.models.vision_transformer import ViT
 from keras_jumbo.models.vision_transformer import with_image_size
+from keras_jumbo.models.vit_res import ViTRes
+from keras_jumbo.models.vit_res import ViTResNAS
 from keras_jumbo.models.vit_sizes import VIT_SIZES
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "TokenPooling",
     "VIT_SIZES",
     "ViT",
+    "ViTRes",
+    "ViTResNAS",
     "count_macs",
     "mac_report",
     "register_mac_rule",

@@ -36,6 +36,7 @@ from keras_jumbo.layers import MLP
 from keras_jumbo.layers import BlockwiseMHSA
 from keras_jumbo.layers import FoldChannels
 from keras_jumbo.layers import LayerScale
+from keras_jumbo.layers import MaskedLayerNorm
 from keras_jumbo.layers import MultiHeadSelfAttention
 from keras_jumbo.layers import MultiScalePatchFusion
 from keras_jumbo.layers import ParallelBranchBlock
@@ -43,6 +44,7 @@ from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PatchEmbedding1D
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import PrefixTokens
+from keras_jumbo.layers import ResidualSpatialReduction
 from keras_jumbo.layers import RevIN
 from keras_jumbo.layers import TransformerBlock
 from keras_jumbo.layers import TransformerEncoder
@@ -55,6 +57,7 @@ _FREE_WITH_WEIGHTS = (
     keras.layers.BatchNormalization,
     keras.layers.GroupNormalization,
     keras.layers.Embedding,
+    MaskedLayerNorm,
     PositionEmbedding,
     PrefixTokens,
     LayerScale,
@@ -283,11 +286,12 @@ def _mlp_rule(layer, input_shapes, output_shape):
 def _self_attention_rule(layer, input_shapes, output_shape):
     shape = input_shapes[0]
     length, dim = shape[1], shape[-1]
-    head_dim = dim // layer.num_heads
+    head_dim = layer.head_dim
+    inner = layer.num_heads * head_dim
     return (
-        _dense(length, dim, 3 * dim)
+        _dense(length, dim, 3 * inner)
         + _attention(length, length, layer.num_heads, head_dim, head_dim)
-        + _dense(length, dim, dim)
+        + _dense(length, inner, dim)
     )
 
 
@@ -346,3 +350,14 @@ def _parallel_block_rule(layer, input_shapes, output_shape):
         _blockwise_rule(layer.attention, input_shapes, output_shape)
         + layer.num_branches * ffn
     )
+
+
+@register_mac_rule(ResidualSpatialReduction)
+def _reduction_rule(layer, input_shapes, output_shape):
+    # The 3x3 stride-2 convolution over the patch grid and the Linear on
+    # each prefix token (ViT-ResNAS reference `compute_sr_block`); pooling
+    # and zero padding are free.
+    _, length, dim = output_shape
+    patches = length - layer.num_prefix_tokens
+    conv = patches * 9 * layer.input_dim * dim
+    return conv + _dense(layer.num_prefix_tokens, layer.input_dim, dim)

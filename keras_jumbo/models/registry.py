@@ -7,6 +7,8 @@ from keras_jumbo.models.patchtst import PatchTSTForecaster
 from keras_jumbo.models.vision_transformer import JumboViT
 from keras_jumbo.models.vision_transformer import RegistersViT
 from keras_jumbo.models.vision_transformer import ViT
+from keras_jumbo.models.vit_res import ViTRes
+from keras_jumbo.models.vit_res import ViTResNAS
 from keras_jumbo.models.vit_sizes import VIT_SIZES
 
 _REGISTRY = {}
@@ -40,6 +42,11 @@ register_model("patchtst_registers", PatchTSTClassifier, num_registers="auto")
 register_model("patchtst_jumbo", PatchTSTClassifier, jumbo_multiplier=4)
 register_model("patchtst_forecaster", PatchTSTForecaster)
 register_model("ms_patchtst", MSPatchTST)
+
+# Multi-stage ViT-Res (Table 4) and the searched ViT-ResNAS (Tables 6-8).
+register_model("vit_res_tiny", ViTRes, size="tiny")
+for _size in ("tiny", "small", "medium"):
+    register_model(f"vit_resnas_{_size}", ViTResNAS, size=_size)
 
 
 def list_models(pattern=None):

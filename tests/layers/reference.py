@@ -32,14 +32,14 @@ def mlp(x, layer):
 
 def attention(x, layer):
     b, n, d = x.shape
-    h = layer.num_heads
-    qkv = dense(x, layer.qkv).reshape(b, n, 3, h, d // h)
+    h, hd = layer.num_heads, layer.head_dim
+    qkv = dense(x, layer.qkv).reshape(b, n, 3, h, hd)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
     scores = scores - scores.max(-1, keepdims=True)
     probs = np.exp(scores)
     probs = probs / probs.sum(-1, keepdims=True)
-    out = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, d)
+    out = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, h * hd)
     return dense(out, layer.proj)
 
 

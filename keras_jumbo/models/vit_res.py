@@ -1,0 +1,355 @@
+"""Multi-stage ViT-Res and the searched ViT-ResNAS networks.
+
+Liao et al., "Searching for Efficient Multi-Stage Vision Transformers"
+(ViT-ResNAS), §2.2, §2.4, Appendix A and D.
+"""
+
+import keras
+
+from keras_jumbo.layers import ClassToken
+from keras_jumbo.layers import MaskedLayerNorm
+from keras_jumbo.layers import PatchEmbedding
+from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.layers import ResidualSpatialReduction
+from keras_jumbo.layers import TransformerBlock
+from keras_jumbo.layers._utils import check_choice
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import standardize_data_format
+from keras_jumbo.models.vision_transformer import TokenPooling
+
+# Reduction of the image side before the first stage: a stride-2 stem and
+# a stride-7 patch projection (the paper's "patch size 14"). Each of the two
+# residual spatial reductions halves the grid again: 224 -> 16, 8, 4.
+STEM_STRIDE = 2
+PATCH_SIZE = 7
+
+
+def _uniform(heads, mlp_dim, count):
+    return tuple((heads, mlp_dim) for _ in range(count))
+
+
+# Table 4: ViT-Res-Tiny, DeiT-Tiny split into 3 stages of 4 blocks.
+# Tables 6-8: the searched ViT-ResNAS networks, (heads, FFN hidden) per
+# block; head widths 32 / 48 / 64 per stage (Appendix B).
+ARCHITECTURES = {
+    "vit_res_tiny": dict(
+        stem_filters=24,
+        embed_dims=(192, 384, 768),
+        head_dims=(64, 64, 64),
+        blocks=(
+            _uniform(3, 768, 4),
+            _uniform(6, 1536, 4),
+            _uniform(12, 3072, 4),
+        ),
+    ),
+    "vit_resnas_tiny": dict(
+        stem_filters=24,
+        embed_dims=(176, 352, 704),
+        head_dims=(32, 48, 64),
+        blocks=(
+            ((3, 704), (3, 576), (3, 640), (4, 576), (4, 704)),
+            (
+                (10, 1408),
+                (8, 1408),
+                (8, 1280),
+                (8, 1408),
+                (10, 1280),
+                (10, 1024),
+            ),
+            ((10, 2560), (10, 1792), (10, 2816), (8, 2816), (8, 2560)),
+        ),
+    ),
+    "vit_resnas_small": dict(
+        stem_filters=24,
+        embed_dims=(220, 440, 880),
+        head_dims=(32, 48, 64),
+        blocks=(
+            ((5, 880), (5, 880), (7, 800), (5, 720), (5, 720), (5, 720)),
+            (
+                (10, 1760),
+                (10, 1440),
+                (10, 1920),
+                (10, 1600),
+                (12, 1600),
+                (12, 1440),
+            ),
+            ((16, 3200), (12, 3200), (16, 2880), (12, 2240), (14, 2560)),
+        ),
+    ),
+    "vit_resnas_medium": dict(
+        stem_filters=24,
+        embed_dims=(240, 640, 880),
+        head_dims=(32, 48, 64),
+        blocks=(
+            (
+                (7, 960),
+                (6, 960),
+                (7, 800),
+                (8, 960),
+                (7, 880),
+                (8, 880),
+                (6, 800),
+            ),
+            (
+                (10, 1120),
+                (14, 1760),
+                (14, 1920),
+                (16, 1760),
+                (14, 1440),
+                (16, 1760),
+                (16, 1920),
+            ),
+            (
+                (16, 3200),
+                (10, 3840),
+                (16, 3840),
+                (12, 3200),
+                (16, 3520),
+                (14, 3520),
+            ),
+        ),
+    ),
+}
+
+
+def validate_architecture(arch):
+    """Check an architecture dict; return it with tuples (see `ViTRes`)."""
+    if not isinstance(arch, dict):
+        raise TypeError(f"`architecture` must be a dict. Received: {arch!r}")
+    missing = {"embed_dims", "head_dims", "blocks"} - set(arch)
+    if missing:
+        raise ValueError(
+            f"`architecture` lacks keys {sorted(missing)}. Received: {arch!r}"
+        )
+    embed_dims = tuple(arch["embed_dims"])
+    head_dims = tuple(arch["head_dims"])
+    blocks = tuple(tuple(tuple(b) for b in stage) for stage in arch["blocks"])
+    if not (len(embed_dims) == len(head_dims) == len(blocks) >= 1):
+        raise ValueError(
+            "`embed_dims`, `head_dims` and `blocks` need one entry per stage. "
+            f"Received: embed_dims={embed_dims}, head_dims={head_dims}, "
+            f"{len(blocks)} block lists"
+        )
+    for index, dim in enumerate(embed_dims):
+        check_positive_int(f"embed_dims[{index}]", dim)
+        if index and dim < embed_dims[index - 1]:
+            raise ValueError(
+                "Stage widths cannot shrink (residual spatial reduction "
+                f"zero-pads channels). Received: embed_dims={embed_dims}"
+            )
+    for index, dim in enumerate(head_dims):
+        check_positive_int(f"head_dims[{index}]", dim)
+    for stage, stage_blocks in enumerate(blocks):
+        for block in stage_blocks:
+            if len(block) != 2:
+                raise ValueError(
+                    "Each block is a pair (num_heads, mlp_dim). Received: "
+                    f"stage {stage} block={block!r}"
+                )
+            check_positive_int("num_heads", block[0])
+            check_positive_int("mlp_dim", block[1])
+    stem = check_positive_int("stem_filters", arch.get("stem_filters", 24))
+    return dict(
+        stem_filters=stem,
+        embed_dims=embed_dims,
+        head_dims=head_dims,
+        blocks=blocks,
+    )
+
+
+def conv_stem(x, filters, data_format, name="stem"):
+    """Three 3x3 conv-BN-ReLU layers, stride 2 then 1, 1, with a residual
+    connection from the first to the third output (Appendix A; reference
+    `PatchConvEmbed`: convolutions without bias, BatchNorm, ReLU).
+
+    PyTorch's symmetric padding 1 is explicit (`ZeroPadding2D`): for the
+    stride-2 convolution Keras' "same" would pad only bottom/right.
+    """
+    axis = -1 if data_format == "channels_last" else 1
+
+    def conv_bn_relu(inputs, strides, index):
+        h = keras.layers.ZeroPadding2D(
+            1, data_format=data_format, name=f"{name}_pad{index}"
+        )(inputs)
+        h = keras.layers.Conv2D(
+            filters,
+            3,
+            strides=strides,
+            use_bias=False,
+            data_format=data_format,
+            name=f"{name}_conv{index}",
+        )(h)
+        h = keras.layers.BatchNormalization(
+            axis=axis, epsilon=1e-5, momentum=0.9, name=f"{name}_bn{index}"
+        )(h)
+        return keras.layers.ReLU(name=f"{name}_relu{index}")(h)
+
+    first = conv_bn_relu(x, STEM_STRIDE, 1)
+    h = conv_bn_relu(first, 1, 2)
+    h = conv_bn_relu(h, 1, 3)
+    return keras.layers.Add(name=f"{name}_residual")([first, h])
+
+
+def _check_image_size(image_size, num_stages):
+    factor = STEM_STRIDE * PATCH_SIZE * 2 ** (num_stages - 1)
+    if isinstance(image_size, bool) or not isinstance(image_size, int):
+        raise TypeError(
+            f"`image_size` must be an int. Received: {image_size!r}"
+        )
+    if image_size <= 0 or image_size % factor:
+        raise ValueError(
+            f"`image_size` must be a positive multiple of {factor} (stem 2 x "
+            f"patch 7 x 2 per reduction). Received: image_size={image_size}"
+        )
+    return image_size // (STEM_STRIDE * PATCH_SIZE)
+
+
+def build_vit_res(
+    architecture,
+    *,
+    num_classes=1000,
+    image_size=224,
+    num_channels=3,
+    token_labeling=False,
+    include_top=True,
+    drop_path_rate=0.0,
+    dropout_rate=0.0,
+    layer_norm_epsilon=1e-6,
+    classifier_activation=None,
+    data_format=None,
+    name=None,
+):
+    """Build a multi-stage ViT from an architecture dict (see `ViTRes`)."""
+    arch = validate_architecture(architecture)
+    check_positive_int("num_classes", num_classes)
+    check_positive_int("num_channels", num_channels)
+    check_rate("drop_path_rate", drop_path_rate)
+    check_rate("dropout_rate", dropout_rate)
+    if not isinstance(token_labeling, bool):
+        raise TypeError(
+            f"`token_labeling` must be a bool. Received: {token_labeling!r}"
+        )
+    if token_labeling and not include_top:
+        raise ValueError(
+            "`token_labeling=True` adds a patch head; it needs "
+            "include_top=True. Received: include_top=False"
+        )
+    data_format = standardize_data_format(data_format)
+    embed_dims, head_dims = arch["embed_dims"], arch["head_dims"]
+    grid = _check_image_size(image_size, len(embed_dims))
+    if data_format == "channels_last":
+        input_shape = (image_size, image_size, num_channels)
+    else:
+        input_shape = (num_channels, image_size, image_size)
+    depth = sum(len(stage) for stage in arch["blocks"])
+    rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+
+    inputs = keras.Input(shape=input_shape, name="images")
+    x = conv_stem(inputs, arch["stem_filters"], data_format)
+    x = PatchEmbedding(
+        embed_dims[0],
+        PATCH_SIZE,
+        data_format=data_format,
+        name="patch_embedding",
+    )(x)
+    x = PositionEmbedding(grid, name="position_embedding")(x)
+    x = keras.layers.Reshape((-1, embed_dims[0]), name="flatten")(x)
+    x = ClassToken(name="class_token")(x)
+    index = 0
+    for stage, stage_blocks in enumerate(arch["blocks"]):
+        if stage:
+            x = ResidualSpatialReduction(
+                embed_dims[stage],
+                layer_norm_epsilon=layer_norm_epsilon,
+                name=f"reduction_{stage}",
+            )(x)
+        for number, (heads, mlp_dim) in enumerate(stage_blocks):
+            x = TransformerBlock(
+                heads,
+                mlp_dim,
+                head_dim=head_dims[stage],
+                dropout_rate=dropout_rate,
+                drop_path_rate=rates[index],
+                layer_norm_epsilon=layer_norm_epsilon,
+                normalization="masked_layer_norm",
+                name=f"stage_{stage}_block_{number}",
+            )(x)
+            index += 1
+    x = MaskedLayerNorm(layer_norm_epsilon, name="final_norm")(x)
+    if not include_top:
+        return keras.Model(inputs, x, name=name)
+    cls = TokenPooling("token", 1, name="pooling")(x)
+    logits = keras.layers.Dense(
+        num_classes, activation=classifier_activation, name="head"
+    )(cls)
+    if not token_labeling:
+        return keras.Model(inputs, logits, name=name)
+    patches = keras.layers.Cropping1D((1, 0), name="patch_tokens")(x)
+    patch_logits = keras.layers.Dense(
+        num_classes, activation=classifier_activation, name="patch_head"
+    )(patches)
+    return keras.Model(
+        inputs, {"logits": logits, "patch_logits": patch_logits}, name=name
+    )
+
+
+def ViTRes(size="tiny", *, num_classes=1000, **kwargs):
+    """Multi-stage ViT with residual spatial reduction (ViT-Res, §2.2).
+
+    DeiT-Tiny reshaped into 3 stages of 4 blocks (Table 4): a convolutional
+    stem (three 3x3 conv-BN-ReLU, 24 channels, stride 2 then 1, 1, residual
+    from the first to the third), a 7x7 stride-7 patch projection (224 px
+    -> 16x16 tokens + CLS), then stages of widths 192/384/768 with 3/6/12
+    heads of width 64 and FFN 4x, separated by `ResidualSpatialReduction`
+    (16x16 -> 8x8 -> 4x4). Head: LayerNorm, then Linear on the CLS token.
+
+    Args:
+        size: `"tiny"` (the paper's only ViT-Res) or an architecture dict
+            `{"embed_dims": (...), "head_dims": (...), "blocks":
+            (((heads, mlp_dim), ...), ...), "stem_filters": 24}`.
+        num_classes: int.
+        **kwargs: `image_size` (224; a multiple of 56), `num_channels`,
+            `token_labeling` (add a per-patch head for token labelling,
+            §2.4; the model then returns `{"logits", "patch_logits"}`),
+            `include_top`, `drop_path_rate`, `dropout_rate`,
+            `layer_norm_epsilon`, `classifier_activation`, `data_format`,
+            `name`.
+
+    Returns:
+        A functional `keras.Model`.
+
+    Example:
+    >>> model = ViTRes("tiny", num_classes=10, image_size=56)
+
+    Choices: the CLS token gets no position embedding (as every keras_jumbo
+    ViT; the reference adds one); all norms are `MaskedLayerNorm`, i.e.
+    LayerNorm with the same weights, so searched sub-networks and
+    standalone models share one weight layout.
+    """
+    if isinstance(size, dict):
+        arch = size
+        kwargs.setdefault("name", "vit_res")
+    else:
+        check_choice("size", size, {"tiny"})
+        arch = ARCHITECTURES[f"vit_res_{size}"]
+        kwargs.setdefault("name", f"vit_res_{size}")
+    return build_vit_res(arch, num_classes=num_classes, **kwargs)
+
+
+def ViTResNAS(size="tiny", *, num_classes=1000, **kwargs):
+    """The searched ViT-ResNAS networks (Appendix D, Tables 6-8).
+
+    Args:
+        size: `"tiny"`, `"small"` or `"medium"`.
+        num_classes: int.
+        **kwargs: as `ViTRes`.
+
+    Example:
+    >>> model = ViTResNAS("small", num_classes=10, image_size=56)
+    """
+    check_choice("size", size, {"tiny", "small", "medium"})
+    kwargs.setdefault("name", f"vit_resnas_{size}")
+    return build_vit_res(
+        ARCHITECTURES[f"vit_resnas_{size}"], num_classes=num_classes, **kwargs
+    )

@@ -1,0 +1,396 @@
+"""The ViT-Res super-network, multi-architectural sampling, extraction."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_jumbo.layers import ClassToken
+from keras_jumbo.layers import MaskedLayerNorm
+from keras_jumbo.layers import PatchEmbedding
+from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.layers import ResidualSpatialReduction
+from keras_jumbo.layers import TransformerBlock
+from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import standardize_data_format
+from keras_jumbo.models.vision_transformer import TokenPooling
+from keras_jumbo.models.vit_res import PATCH_SIZE
+from keras_jumbo.models.vit_res import _check_image_size
+from keras_jumbo.models.vit_res import build_vit_res
+from keras_jumbo.models.vit_res import conv_stem
+from keras_jumbo.nas.search_space import SearchSpace
+from keras_jumbo.nas.search_space import as_rng
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class ChannelMask(keras.layers.Layer):
+    """A per-example prefix mask from one column of architecture codes.
+
+    `mask[b, 0, c] = 1 if c < unit * codes[b, index] else 0`, shape
+    `(batch, 1, width)`. `unit` turns a head count into channels (the head
+    width); a block's keep flag uses `width=1`.
+
+    Args:
+        width: int, channels of the mask.
+        index: int, the code column.
+        unit: int, channels per code unit.
+        **kwargs: base `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, width, index, unit=1, **kwargs):
+        super().__init__(**kwargs)
+        self.width = check_positive_int("width", width)
+        self.index = check_positive_int("index", index, allow_zero=True)
+        self.unit = check_positive_int("unit", unit)
+
+    def call(self, codes):
+        active = ops.cast(codes[:, self.index], "int32") * self.unit
+        channels = ops.arange(self.width, dtype="int32")
+        mask = ops.less(channels[None, None, :], active[:, None, None])
+        return ops.cast(mask, self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], 1, self.width)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"width": self.width, "index": self.index, "unit": self.unit}
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class ApplyChannelMask(keras.layers.Layer):
+    """`inputs * mask` (mask broadcast over tokens)."""
+
+    def call(self, inputs, channel_mask):
+        return inputs * ops.cast(channel_mask, inputs.dtype)
+
+
+def build_supernet(
+    space,
+    *,
+    num_classes=1000,
+    image_size=224,
+    num_channels=3,
+    drop_path_rate=0.0,
+    layer_norm_epsilon=1e-6,
+    data_format=None,
+    name="vit_res_supernet",
+):
+    """The weight-sharing super-network of `space` (ViT-ResNAS §2.3).
+
+    Inputs: `{"images": ..., "architecture": int codes (batch,
+    space.code_length)}` -- one code per example, so one forward pass runs
+    a different sub-network on each sub-batch (multi-architectural
+    sampling). The codes become prefix channel masks: the stage width
+    (tokens are zero beyond it, norms are `MaskedLayerNorm` over the
+    active channels), heads and FFN units per block, and a keep flag per
+    skippable block. With a sub-network's code, the output equals the
+    standalone sub-network returned by `extract_subnet` (tested).
+
+    Args:
+        space: a `SearchSpace`.
+        num_classes, image_size, num_channels, drop_path_rate,
+        layer_norm_epsilon, data_format, name: as `ViTRes`.
+
+    Returns:
+        A functional `keras.Model` returning logits.
+    """
+    if not isinstance(space, SearchSpace):
+        raise TypeError(
+            f"`space` must be a SearchSpace. Received: {type(space).__name__}"
+        )
+    check_positive_int("num_classes", num_classes)
+    check_rate("drop_path_rate", drop_path_rate)
+    data_format = standardize_data_format(data_format)
+    grid = _check_image_size(image_size, space.num_stages)
+    if data_format == "channels_last":
+        input_shape = (image_size, image_size, num_channels)
+    else:
+        input_shape = (num_channels, image_size, image_size)
+    widths = [max(d) for d in space.embed_dims]
+    depth = sum(len(stage) for stage in space.skippable)
+    rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+
+    images = keras.Input(shape=input_shape, name="images")
+    codes = keras.Input(
+        shape=(space.code_length,), dtype="int32", name="architecture"
+    )
+    embed_masks = [
+        ChannelMask(widths[s], s, name=f"embed_mask_{s}")(codes)
+        for s in range(space.num_stages)
+    ]
+    x = conv_stem(images, space.stem_filters, data_format)
+    x = PatchEmbedding(
+        widths[0], PATCH_SIZE, data_format=data_format, name="patch_embedding"
+    )(x)
+    x = PositionEmbedding(grid, name="position_embedding")(x)
+    x = keras.layers.Reshape((-1, widths[0]), name="flatten")(x)
+    x = ClassToken(name="class_token")(x)
+    x = ApplyChannelMask(name="embed_masking")(x, embed_masks[0])
+    column = space.num_stages
+    index = 0
+    for s, stage in enumerate(space.skippable):
+        if s:
+            x = ResidualSpatialReduction(
+                widths[s],
+                layer_norm_epsilon=layer_norm_epsilon,
+                name=f"reduction_{s}",
+            )(
+                x,
+                channel_mask=embed_masks[s - 1],
+                output_channel_mask=embed_masks[s],
+            )
+        head_dim = space.head_dims[s]
+        heads, mlp_dim = max(space.num_heads[s]), max(space.mlp_dims[s])
+        for j, skippable in enumerate(stage):
+            layer_mask = None
+            if skippable:
+                layer_mask = ChannelMask(
+                    1, column, name=f"stage_{s}_slot_{j}_keep"
+                )(codes)
+            head_mask = ChannelMask(
+                heads * head_dim,
+                column + 1,
+                unit=head_dim,
+                name=f"stage_{s}_slot_{j}_heads",
+            )(codes)
+            hidden_mask = ChannelMask(
+                mlp_dim, column + 2, name=f"stage_{s}_slot_{j}_hidden"
+            )(codes)
+            column += 3
+            x = TransformerBlock(
+                heads,
+                mlp_dim,
+                head_dim=head_dim,
+                drop_path_rate=rates[index],
+                layer_norm_epsilon=layer_norm_epsilon,
+                normalization="masked_layer_norm",
+                name=f"stage_{s}_slot_{j}",
+            )(
+                x,
+                embed_mask=embed_masks[s],
+                head_mask=head_mask,
+                hidden_mask=hidden_mask,
+                layer_mask=layer_mask,
+            )
+            index += 1
+    x = MaskedLayerNorm(layer_norm_epsilon, name="final_norm")(
+        x, channel_mask=embed_masks[-1]
+    )
+    x = TokenPooling("token", 1, name="pooling")(x)
+    logits = keras.layers.Dense(num_classes, name="head")(x)
+    return keras.Model(
+        {"images": images, "architecture": codes}, logits, name=name
+    )
+
+
+def architecture_codes(space, architectures, batch_size):
+    """Int codes `(batch_size, code_length)`: the architectures in equal
+    contiguous sub-batches (the first sub-batch gets the first one)."""
+    count = len(architectures)
+    if batch_size % count:
+        raise ValueError(
+            "The batch must split into equal sub-batches, one per sampled "
+            f"sub-network. Received: batch_size={batch_size}, "
+            f"num_architectures={count}"
+        )
+    rows = [space.encode(arch) for arch in architectures]
+    return np.repeat(np.asarray(rows, "int32"), batch_size // count, axis=0)
+
+
+class MultiArchitectureBatches(keras.utils.PyDataset):
+    """Batches `({"images", "architecture"}, labels)` for super-network
+    training with multi-architectural sampling (ViT-ResNAS §2.3, App. C).
+
+    Every batch samples `num_architectures` (N_a) sub-networks and gives
+    each a contiguous sub-batch of `batch_size / N_a` examples, so one
+    forward/backward pass trains N_a sub-networks. Sampling warms up from
+    the largest sub-network to the full space over `warmup_steps` (the
+    paper: the first 25% of training; `SearchSpace.sample(progress)`).
+
+    Args:
+        images, labels: arrays (the training split).
+        space: the `SearchSpace`.
+        batch_size: int, divisible by `num_architectures`.
+        num_architectures: N_a (16 in the paper; 1 = single-architecture
+            sampling).
+        warmup_steps: int >= 0.
+        shuffle: bool, reshuffle every epoch.
+        seed: int.
+        **kwargs: `keras.utils.PyDataset` arguments (workers, ...).
+    """
+
+    def __init__(
+        self,
+        images,
+        labels,
+        space,
+        batch_size=256,
+        num_architectures=16,
+        warmup_steps=0,
+        shuffle=True,
+        seed=0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("batch_size", batch_size)
+        check_positive_int("num_architectures", num_architectures)
+        check_positive_int("warmup_steps", warmup_steps, allow_zero=True)
+        if batch_size % num_architectures:
+            raise ValueError(
+                "`batch_size` must be divisible by `num_architectures`. "
+                f"Received: batch_size={batch_size}, "
+                f"num_architectures={num_architectures}"
+            )
+        if len(images) != len(labels):
+            raise ValueError(
+                f"images and labels differ in length: {len(images)} vs "
+                f"{len(labels)}"
+            )
+        self.images, self.labels, self.space = images, labels, space
+        self.batch_size = batch_size
+        self.num_architectures = num_architectures
+        self.warmup_steps = warmup_steps
+        self.shuffle = shuffle
+        self.rng = as_rng(seed)
+        self.epoch = 0
+        self.order = np.arange(len(images))
+        if shuffle:
+            self.rng.shuffle(self.order)
+
+    def __len__(self):
+        return len(self.images) // self.batch_size
+
+    def progress(self, step):
+        if not self.warmup_steps:
+            return 1.0
+        return min(1.0, step / self.warmup_steps)
+
+    def __getitem__(self, index):
+        step = self.epoch * len(self) + index
+        rows = self.order[
+            index * self.batch_size : (index + 1) * self.batch_size
+        ]
+        archs = [
+            self.space.sample(self.rng, self.progress(step))
+            for _ in range(self.num_architectures)
+        ]
+        codes = architecture_codes(self.space, archs, self.batch_size)
+        inputs = {"images": self.images[rows], "architecture": codes}
+        return inputs, self.labels[rows]
+
+    def on_epoch_end(self):
+        self.epoch += 1
+        if self.shuffle:
+            self.rng.shuffle(self.order)
+
+
+def evaluate_subnet(supernet, space, arch, images, labels, batch_size=256):
+    """Top-1 accuracy of sub-network `arch` with the shared weights."""
+    code = np.asarray([space.encode(arch)], "int32")
+    correct = 0
+    for start in range(0, len(images), batch_size):
+        batch = images[start : start + batch_size]
+        codes = np.repeat(code, len(batch), axis=0)
+        logits = supernet.predict_on_batch(
+            {"images": batch, "architecture": codes}
+        )
+        predicted = np.argmax(ops.convert_to_numpy(logits), axis=-1)
+        correct += int(np.sum(predicted == labels[start : start + batch_size]))
+    return correct / max(len(images), 1)
+
+
+def _slice_to(value, shape):
+    return value[tuple(slice(0, n) for n in shape)]
+
+
+def _slice_qkv(value, target_shape, super_heads, head_dim):
+    """q/k/v projection: kernel (D, 3 * H * hd) or bias (3 * H * hd,)."""
+    if value.ndim == 2:
+        dim = target_shape[0]
+        heads = target_shape[1] // (3 * head_dim)
+        grid = value.reshape(value.shape[0], 3, super_heads, head_dim)
+        return grid[:dim, :, :heads].reshape(dim, -1)
+    heads = target_shape[0] // (3 * head_dim)
+    grid = value.reshape(3, super_heads, head_dim)
+    return grid[:, :heads].reshape(-1)
+
+
+def slice_layer_weights(source, target):
+    """Copy the leading slices of `source`'s weights into `target`.
+
+    Both layers must be built and of the same kind; every target weight is
+    the prefix of the source weight along each axis, except the fused q/k/v
+    projection (layout `(3, heads, head_dim)`), which keeps the first heads
+    of each of q, k and v.
+    """
+    if len(source.weights) != len(target.weights):
+        raise ValueError(
+            f"Layers '{source.name}' and '{target.name}' have different "
+            f"weights: {len(source.weights)} vs {len(target.weights)}"
+        )
+    for src, dst in zip(source.weights, target.weights, strict=True):
+        value = ops.convert_to_numpy(src)
+        shape = tuple(dst.shape)
+        if "/qkv/" in src.path:
+            attention = _owner_attention(source, src)
+            value = _slice_qkv(
+                value, shape, attention.num_heads, attention.head_dim
+            )
+        else:
+            value = _slice_to(value, shape)
+        if value.shape != shape:
+            raise ValueError(
+                f"Cannot slice {src.path} {tuple(src.shape)} to {shape}"
+            )
+        dst.assign(value)
+
+
+def _owner_attention(layer, variable):
+    for sub in layer._flatten_layers(include_self=True, recursive=True):
+        if hasattr(sub, "qkv") and any(v is variable for v in sub.qkv.weights):
+            return sub
+    raise ValueError(f"No attention layer owns {variable.path}")
+
+
+def extract_subnet(supernet, space, arch, name=None):
+    """The sub-network `arch` as a standalone `ViTRes` model.
+
+    Its weights are sliced from the super-network (leading channels, first
+    heads, first FFN units, the kept block slots); its outputs equal the
+    super-network's run with `arch`'s code (tested).
+    """
+    if not isinstance(space, SearchSpace):
+        raise TypeError(
+            f"`space` must be a SearchSpace. Received: {type(space).__name__}"
+        )
+    arch = space.validate(arch)
+    images = supernet.get_layer("patch_embedding")
+    data_format = images.data_format
+    shape = supernet.input["images"].shape
+    image_size = shape[1] if data_format == "channels_last" else shape[2]
+    channels = shape[-1] if data_format == "channels_last" else shape[1]
+    num_classes = supernet.get_layer("head").units
+    model = build_vit_res(
+        space.to_architecture(arch),
+        num_classes=num_classes,
+        image_size=image_size,
+        num_channels=channels,
+        layer_norm_epsilon=supernet.get_layer("final_norm").epsilon,
+        data_format=data_format,
+        name=name or "vit_res_subnet",
+    )
+    mapping = {}
+    for s, stage in enumerate(arch["blocks"]):
+        kept = [j for j, slot in enumerate(stage) if slot is not None]
+        for number, j in enumerate(kept):
+            mapping[f"stage_{s}_block_{number}"] = f"stage_{s}_slot_{j}"
+    for layer in model.layers:
+        if not layer.weights:
+            continue
+        source = supernet.get_layer(mapping.get(layer.name, layer.name))
+        slice_layer_weights(source, layer)
+    return model
