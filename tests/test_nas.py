@@ -11,6 +11,7 @@ from keras_jumbo import models
 from keras_jumbo import nas
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
+from keras_jumbo.testing import run_layer_test
 from keras_jumbo.testing import run_model_test
 from tests.conftest import numpy
 
@@ -265,3 +266,22 @@ def test_token_labeling_mixup_and_training_losses():
     assert np.isfinite(history.history["loss"][0])
     with pytest.raises(ValueError, match="divisible"):
         nas.TokenLabelingMix(3, grid=3)(x, labels)
+
+
+def test_channel_mask_layers():
+    run_layer_test(
+        nas.ChannelMask,
+        {"width": 6, "index": 1, "unit": 2},
+        input_shape=(3, 4),
+        expected_output_shape=(3, 1, 6),
+        expected_num_trainable_weights=0,
+        run_training_check=False,
+        run_mixed_precision_check=False,
+    )
+    codes = np.array([[0, 3], [0, 1], [5, 0]], "int32")
+    mask = numpy(nas.ChannelMask(6, 1, unit=2)(codes))
+    assert_allclose(mask[:, 0], np.arange(6)[None] < 2 * codes[:, 1:], atol=0)
+    x = np.ones((3, 2, 6), "float32")
+    assert_allclose(nas.ApplyChannelMask()(x, mask), x * mask, atol=0)
+    with pytest.raises(ValueError, match="width"):
+        nas.ChannelMask(0, 1)
