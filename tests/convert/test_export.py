@@ -15,6 +15,7 @@ from keras_jumbo.models import JumboViT
 from keras_jumbo.models import MSPatchTST
 from keras_jumbo.models import NonDeepViT
 from keras_jumbo.models import PatchTSTClassifier
+from keras_jumbo.models import ViTRes
 from keras_jumbo.testing import randomize_weights
 
 TINY = dict(
@@ -75,6 +76,24 @@ def test_time_series_models_export_exactly(builder, kwargs, tmp_path):
     randomize_weights(model)
     assert export_tflite(model, tmp_path / "t.tflite")["max_abs_diff"] <= 1e-4
     assert export_onnx(model, tmp_path / "t.onnx")["max_abs_diff"] <= 1e-4
+
+
+def test_vit_res_and_extracted_subnet_export_exactly(tmp_path):
+    # Conv stem (BatchNorm), residual spatial reductions, masked layer
+    # norms, attention with head_dim != width / heads.
+    model = ViTRes(
+        dict(
+            stem_filters=4,
+            embed_dims=(8, 12, 16),
+            head_dims=(4, 4, 8),
+            blocks=(((2, 16),), ((3, 24),), ((2, 32),)),
+        ),
+        num_classes=5,
+        image_size=56,
+    )
+    randomize_weights(model)
+    assert export_tflite(model, tmp_path / "r.tflite")["max_abs_diff"] <= 1e-4
+    assert export_onnx(model, tmp_path / "r.onnx")["max_abs_diff"] <= 1e-4
 
 
 @pytest.mark.parametrize("quantize", ["float16", "dynamic_int8"])
