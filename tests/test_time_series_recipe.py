@@ -84,3 +84,36 @@ def test_one_real_run_learns_gunpoint():
     assert record["test_accuracy"] > 0.6
     assert math.isfinite(record["val_accuracy"])
     assert record["seconds"] > 0
+
+
+def test_sweep_resumes_from_records(tmp_path):
+    """Finished runs (a JSON-lines file) are reused, not repeated."""
+    done = {
+        "kind": "classification",
+        "model": "patchtst",
+        "dataset": "GunPoint",
+        "num_patches": 8,
+        "learning_rate": 1e-3,
+        "dropout_rate": 0.0,
+        "val_accuracy": 0.5,
+        "test_accuracy": 0.25,
+        "seconds": 1.0,
+    }
+    path = tmp_path / "runs.jsonl"
+    recipe._appender(str(path))(done)
+    assert recipe.load_records(str(path)) == [done]
+    messages = []
+    records = recipe.sweep(
+        ["GunPoint"],
+        model_names=("patchtst", "patchtst_jumbo"),
+        patch_counts=[8],
+        learning_rates=[1e-3],
+        dropouts=[0.0],
+        done=recipe.load_records(str(path)),
+        train=False,
+        log=messages.append,
+    )
+    assert records == [done]
+    assert messages == [
+        "missing run: ('GunPoint', 8, 'patchtst_jumbo', 0.001, 0.0)"
+    ]
