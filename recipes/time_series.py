@@ -387,7 +387,8 @@ def _verdict(ranks, forecasts):
         "accuracy points and most rank differences above are within that "
         "noise. The paper's result (Jumbo first in every setting, over 10 "
         "univariate and 10 multivariate datasets and a full sweep on a "
-        "GPU) is neither confirmed nor refuted at this scale. The forecasting gain of the multi-scale "
+        "GPU) is neither confirmed nor refuted at this scale. The "
+        "forecasting gain of the multi-scale "
         "models is larger than that noise but comes at 2.7-3.7x the MACs, "
         "and all three models were trained for only 4 short epochs.",
     ]
