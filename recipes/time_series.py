@@ -47,6 +47,11 @@ from keras_jumbo import models
 CLASSIFIERS = ("patchtst", "patchtst_registers", "patchtst_jumbo")
 LEARNING_RATES = (3e-3, 1e-3, 3e-4, 1e-4)
 DROPOUTS = (0.0, 0.1, 0.2)
+SHORT_NAMES = {
+    "patchtst": "PatchTST",
+    "patchtst_registers": "+Registers",
+    "patchtst_jumbo": "+Jumbo",
+}
 
 
 def warmup_cosine(learning_rate, total_steps, warmup_fraction=0.1, end=1e-8):
@@ -313,11 +318,7 @@ def train_forecaster(
 
 # --- results document --------------------------------------------------
 def _classification_markdown(results, ranks, model_names):
-    short = {
-        "patchtst": "PatchTST",
-        "patchtst_registers": "+Registers",
-        "patchtst_jumbo": "+Jumbo",
-    }
+    short = SHORT_NAMES
     lines = []
     for patches in sorted({k[0] for k in results}):
         lines += [
@@ -356,11 +357,7 @@ def _classification_markdown(results, ranks, model_names):
 
 def _verdict(ranks, forecasts):
     """Plain statements of the winners, from the numbers above."""
-    short = {
-        "patchtst": "PatchTST",
-        "patchtst_registers": "+Registers",
-        "patchtst_jumbo": "+Jumbo",
-    }
+    short = SHORT_NAMES
     lines = []
     for (patches, group), per_model in sorted(ranks.items()):
         for index, what in ((0, "best"), (1, "avg")):
