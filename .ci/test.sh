@@ -2,7 +2,7 @@
 # The project's test command (README): lint, then the test suite on every
 # Keras backend -- the full suite on JAX (including the full-size parameter
 # counts), every layer/model/converter check on TensorFlow and PyTorch --
-# then a short real run of the main example.
+# then short real runs of the main example and of every recipe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -25,4 +25,19 @@ KERAS_BACKEND=jax CI=1 "$PYTHON" examples/train_fashion_mnist.py \
   --epochs 1 --train-examples 2048 || status=1
 echo "=== time-series recipe smoke run (real GunPoint, Appliances Energy) ==="
 KERAS_BACKEND=jax "$PYTHON" -m recipes.time_series --smoke || status=1
+echo "=== image recipe smoke runs (real Fashion-MNIST) ==="
+smoke_dir=$(mktemp -d)
+smoke=(--smoke --train-examples 2048 --verbose 2)
+KERAS_BACKEND=jax "$PYTHON" -m recipes.jumbo_imagenet1k "${smoke[@]}" \
+  --output-dir "$smoke_dir/in1k" || status=1
+KERAS_BACKEND=jax "$PYTHON" -m recipes.jumbo_imagenet1k "${smoke[@]}" \
+  --stage finetune --init "$smoke_dir/in1k/model.keras" \
+  --output-dir "$smoke_dir/in1k_ft" || status=1
+KERAS_BACKEND=jax "$PYTHON" -m recipes.jumbo_imagenet21k "${smoke[@]}" \
+  --output-dir "$smoke_dir/in21k" || status=1
+KERAS_BACKEND=torch "$PYTHON" -m recipes.non_deep_vit "${smoke[@]}" \
+  --output-dir "$smoke_dir/non_deep" || status=1
+KERAS_BACKEND=tensorflow "$PYTHON" -m recipes.vit_resnas_supernet \
+  "${smoke[@]}" --output-dir "$smoke_dir/resnas" || status=1
+rm -rf "$smoke_dir"
 exit $status

@@ -2,9 +2,20 @@
 
 from keras_jumbo import callbacks
 from keras_jumbo import convert
+from keras_jumbo import distribution
 from keras_jumbo import layers
+from keras_jumbo import losses
 from keras_jumbo import models
 from keras_jumbo import nas
 from keras_jumbo.version import __version__
 
-__all__ = ["__version__", "callbacks", "convert", "layers", "models", "nas"]
+__all__ = [
+    "__version__",
+    "callbacks",
+    "convert",
+    "distribution",
+    "layers",
+    "losses",
+    "models",
+    "nas",
+]

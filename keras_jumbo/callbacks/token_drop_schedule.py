@@ -29,7 +29,9 @@ class TokenDropSchedule(keras.callbacks.Callback):
     `total_steps`), every `TokenDropping` layer of the model gets
     `rate = start + (end - start) * t / (T - 1)`. The Jumbo paper (§4.2,
     A.2.1) trains ImageNet-21K from 90% down to 10%:
-    `TokenDropSchedule(0.9, 0.1)`.
+    `TokenDropSchedule(0.9, 0.1)`. The step count starts from the
+    optimizer's `iterations`, so a run resumed by
+    `keras.callbacks.BackupAndRestore` continues the schedule.
 
     Compiled train steps fix tensor shapes when traced, so when the number
     of kept tokens changes the callback asks the model to trace its train
@@ -86,8 +88,11 @@ class TokenDropSchedule(keras.callbacks.Callback):
         return steps * epochs
 
     def on_train_begin(self, logs=None):
-        self._step = 0
-        self._apply(self.rate_at(0, self._total()))
+        # Continue from the optimizer's step count: a run resumed by
+        # `keras.callbacks.BackupAndRestore` picks the schedule up there.
+        iterations = getattr(self.model.optimizer, "iterations", None)
+        self._step = 0 if iterations is None else int(iterations.numpy())
+        self._apply(self.rate_at(self._step, self._total()))
 
     def on_train_batch_begin(self, batch, logs=None):
         self._apply(self.rate_at(self._step, self._total()))

@@ -1,8 +1,19 @@
 """Offline dataset loaders (no downloads at run time unless asked)."""
 
+from keras_jumbo.data.augment import BatchAugmentation
+from keras_jumbo.data.augment import MixUpOrCutMix
+from keras_jumbo.data.augment import OneOf
+from keras_jumbo.data.augment import PadAndRandomCrop
+from keras_jumbo.data.augment import rand_augment
+from keras_jumbo.data.augment import reseed
+from keras_jumbo.data.augment import three_augment
 from keras_jumbo.data.fashion_mnist import FASHION_MNIST_DIR
 from keras_jumbo.data.fashion_mnist import load_fashion_mnist
 from keras_jumbo.data.fashion_mnist import read_idx
+from keras_jumbo.data.images import ImageBatches
+from keras_jumbo.data.images import augmented_batches
+from keras_jumbo.data.images import image_directory_dataset
+from keras_jumbo.data.images import tfds_dataset
 from keras_jumbo.data.time_series import ForecastingWindows
 from keras_jumbo.data.time_series import forecasting_splits
 from keras_jumbo.data.time_series import load_appliances_energy
@@ -12,6 +23,17 @@ from keras_jumbo.data.time_series import load_ucr_uea
 from keras_jumbo.data.time_series import split_half
 
 __all__ = [
+    "BatchAugmentation",
+    "ImageBatches",
+    "MixUpOrCutMix",
+    "OneOf",
+    "PadAndRandomCrop",
+    "augmented_batches",
+    "image_directory_dataset",
+    "rand_augment",
+    "reseed",
+    "tfds_dataset",
+    "three_augment",
     "FASHION_MNIST_DIR",
     "ForecastingWindows",
     "forecasting_splits",

@@ -255,11 +255,27 @@ class MultiArchitectureBatches(keras.utils.PyDataset):
         self.num_architectures = num_architectures
         self.warmup_steps = warmup_steps
         self.shuffle = shuffle
+        self.seed = seed
         self.rng = as_rng(seed)
         self.epoch = 0
         self.order = np.arange(len(images))
         if shuffle:
             self.rng.shuffle(self.order)
+
+    def set_epoch(self, epoch):
+        """Make the order and the sampled sub-networks of epoch `epoch` a
+        function of `(seed, epoch, batch)` only (an int `seed` is needed),
+        so that a resumed run repeats an uninterrupted one; called by
+        `keras_jumbo.callbacks.EpochSeed`."""
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(
+                f"set_epoch needs an int `seed`. Received: seed={self.seed!r}"
+            )
+        self.epoch = int(epoch)
+        self.order = np.arange(len(self.images))
+        if self.shuffle:
+            np.random.default_rng([self.seed, self.epoch]).shuffle(self.order)
+        self._per_batch_seeds = True
 
     def __len__(self):
         return len(self.images) // self.batch_size
@@ -274,8 +290,11 @@ class MultiArchitectureBatches(keras.utils.PyDataset):
         rows = self.order[
             index * self.batch_size : (index + 1) * self.batch_size
         ]
+        rng = self.rng
+        if getattr(self, "_per_batch_seeds", False):
+            rng = np.random.default_rng([self.seed, self.epoch, index])
         archs = [
-            self.space.sample(self.rng, self.progress(step))
+            self.space.sample(rng, self.progress(step))
             for _ in range(self.num_architectures)
         ]
         codes = architecture_codes(self.space, archs, self.batch_size)

@@ -72,3 +72,27 @@ def test_set_token_drop_rate_and_errors():
         TokenDropSchedule(1.5, 0.1)
     with pytest.raises(ValueError, match="total_steps"):
         TokenDropSchedule(0.9, 0.1, total_steps=0)
+
+
+def test_token_drop_schedule_resumes_from_optimizer_step():
+    import keras
+
+    from keras_jumbo.callbacks import TokenDropSchedule
+    from keras_jumbo.models import JumboViT
+
+    model = JumboViT(
+        "pico",
+        num_classes=3,
+        image_size=16,
+        patch_size=4,
+        depth=1,
+        token_drop_rate=0.9,
+    )
+    model.compile(optimizer="adamw", loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(5)
+    schedule = TokenDropSchedule(0.9, 0.1, total_steps=11)
+    schedule.set_model(model)
+    schedule.on_train_begin()
+    assert abs(schedule.rate - 0.5) < 1e-9  # step 5 of 0..10
+    assert keras.ops.convert_to_numpy(model.optimizer.iterations) == 5

@@ -1,0 +1,330 @@
+"""Throughput and memory of every image model family and size, one backend.
+
+For each model (registry name): inference images/s (Keras' compiled
+predict step: XLA on JAX, tf.function on TensorFlow, eager on PyTorch),
+training images/s (`train_on_batch`, AdamW + cross-entropy) and the peak
+memory of a training step, each model in a fresh subprocess so that the
+memory numbers do not mix. Peak memory comes from the device where the
+backend exposes it (JAX `memory_stats`, `torch.cuda.max_memory_allocated`,
+TensorFlow `get_memory_info`) and otherwise from the process' peak RSS
+growth over the training steps (CPU; labelled `host_rss`).
+
+Printed in the same run: JumboViT / RegistersViT inference throughput per
+size (paper, Jumbo Tables 5-6 at 128 px on an RTX 4090: 101.7K / 105.9K =
+0.96 at nano) and, on JAX, the training-step time with
+`jit_compile=True` over `jit_compile=False` (one model, `--jit-model`).
+
+Writes a CSV and a PNG plot of ImageNet-1K top-1 against inference
+throughput in the style of the Jumbo paper's Fig. 4. The accuracies are
+the papers' (Jumbo Tables 5, 6 and 10; Non-Deep ViT Table 1; ViT-ResNAS
+Table 3), not measured here — the plot and the CSV say so; the
+throughput is ours.
+
+Defaults are GPU-sized (batch 512, 128 px); on a CPU:
+    KERAS_BACKEND=jax python benchmarks/throughput.py --batch 8 --steps 3
+    KERAS_BACKEND=jax python benchmarks/throughput.py --bf16 ...   # bfloat16
+"""
+
+import argparse
+import csv
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_jumbo import models  # noqa: E402
+
+DEFAULT_MODELS = (
+    "jumbo_vit_pico",
+    "jumbo_vit_nano",
+    "jumbo_vit_tiny",
+    "jumbo_vit_small",
+    "registers_vit_nano",
+    "registers_vit_tiny",
+    "registers_vit_small",
+    "vit_tiny",
+    "non_deep_vit_6x2",
+    "non_deep_vit_4x3",
+    "vit_res_tiny",
+    "vit_resnas_tiny",
+    "vit_resnas_small",
+)
+
+# ImageNet-1K top-1 (%) from the papers, by model and resolution; the
+# source is written next to every number in the CSV and on the plot.
+PAPER_TOP1 = {
+    # Jumbo paper Table 6 (128 px, best learning rate) and Table 10 (224 px).
+    ("jumbo_vit_pico", 128): (64.0, "Jumbo Table 6"),
+    ("jumbo_vit_nano", 128): (68.8, "Jumbo Table 6"),
+    ("jumbo_vit_tiny", 128): (73.0, "Jumbo Table 6"),
+    ("jumbo_vit_small", 128): (78.5, "Jumbo Table 6"),
+    ("jumbo_vit_pico", 224): (70.5, "Jumbo Table 10"),
+    ("jumbo_vit_nano", 224): (74.5, "Jumbo Table 10"),
+    ("jumbo_vit_tiny", 224): (77.7, "Jumbo Table 10"),
+    ("jumbo_vit_small", 224): (81.8, "Jumbo Table 10"),
+    # Jumbo paper Table 5 (128 px, R=16, best learning rate) and Table 10.
+    ("registers_vit_nano", 128): (53.6, "Jumbo Table 5"),
+    ("registers_vit_tiny", 128): (68.8, "Jumbo Table 5"),
+    ("registers_vit_small", 128): (78.2, "Jumbo Table 5"),
+    ("registers_vit_nano", 224): (61.0, "Jumbo Table 10"),
+    ("registers_vit_tiny", 224): (74.5, "Jumbo Table 10"),
+    ("registers_vit_small", 224): (81.9, "Jumbo Table 10"),
+    # Non-Deep ViT Table 1 (224 px): 12-layer DeiT-Tiny and D-MAE-l-R.
+    ("vit_tiny", 224): (72.2, "Non-Deep ViT Table 1 (DeiT-Tiny)"),
+    ("non_deep_vit_6x2", 224): (72.4, "Non-Deep ViT Table 1 (D-MAE-6-R)"),
+    ("non_deep_vit_4x3", 224): (67.0, "Non-Deep ViT Table 1 (D-MAE-4-R)"),
+    ("non_deep_vit_3x4", 224): (60.5, "Non-Deep ViT Table 1 (D-MAE-3-R)"),
+    # ViT-ResNAS Table 3 (224 px).
+    ("vit_res_tiny", 224): (80.1, "ViT-ResNAS Table 3"),
+    ("vit_resnas_tiny", 224): (80.8, "ViT-ResNAS Table 3"),
+    ("vit_resnas_small", 224): (81.7, "ViT-ResNAS Table 3"),
+    ("vit_resnas_medium", 224): (82.4, "ViT-ResNAS Table 3"),
+}
+
+
+def _device_peak_bytes():
+    """(peak bytes, source) from the accelerator, or (None, None)."""
+    backend = keras.backend.backend()
+    try:
+        if backend == "jax":
+            import jax
+
+            stats = jax.devices()[0].memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+                return stats["peak_bytes_in_use"], "device"
+        elif backend == "torch":
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.max_memory_allocated(), "device"
+        elif backend == "tensorflow":
+            import tensorflow as tf
+
+            if tf.config.list_physical_devices("GPU"):
+                return tf.config.experimental.get_memory_info("GPU:0")[
+                    "peak"
+                ], "device"
+    except Exception:  # noqa: BLE001 - a missing stat is not fatal
+        pass
+    return None, None
+
+
+def _rss_bytes():
+    """Current resident set size of this process (Linux)."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _seconds_per_step(step, steps):
+    step()  # warm-up / compile
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def _build(name, image_size, num_classes):
+    return models.create_model(
+        name, num_classes=num_classes, image_size=image_size
+    )
+
+
+def measure(name, image_size, batch, steps, num_classes=1000, train=True):
+    """Inference / training images/s and training-step peak memory."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, image_size, image_size, 3)).astype("float32")
+    y = rng.integers(0, num_classes, size=(batch,))
+    model = _build(name, image_size, num_classes)
+    row = {
+        "model": name,
+        "params_m": round(model.count_params() / 1e6, 2),
+        "image_size": image_size,
+        "batch": batch,
+        "dtype_policy": keras.config.dtype_policy().name,
+    }
+    if train:
+        model.compile(
+            optimizer=keras.optimizers.AdamW(1e-4),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        rss_before = _rss_bytes()
+        seconds = _seconds_per_step(lambda: model.train_on_batch(x, y), steps)
+        row["train_img_s"] = round(batch / seconds, 1)
+        peak, source = _device_peak_bytes()
+        if peak is None:
+            peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            peak, source = max(0, peak_rss - rss_before), "host_rss"
+        row["train_peak_mb"] = round(peak / 2**20, 1)
+        row["memory_source"] = source
+    seconds = _seconds_per_step(lambda: model.predict_on_batch(x), steps)
+    row["infer_img_s"] = round(batch / seconds, 1)
+    top1, source = PAPER_TOP1.get((name, image_size), (None, ""))
+    row["paper_top1"] = top1
+    row["accuracy_source"] = f"paper: {source}" if source else ""
+    return row
+
+
+def jit_ratio(name, image_size, batch, steps, num_classes=1000):
+    """JAX training-step time, jit_compile=True over jit_compile=False."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, image_size, image_size, 3)).astype("float32")
+    y = rng.integers(0, num_classes, size=(batch,))
+    times = {}
+    for jit in (True, False):
+        model = _build(name, image_size, num_classes)
+        model.compile(
+            optimizer=keras.optimizers.AdamW(1e-4),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit,
+        )
+        times[jit] = _seconds_per_step(
+            lambda model=model: model.train_on_batch(x, y), steps
+        )
+    return times[True] / times[False], times
+
+
+def _in_subprocess(args, name):
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        name,
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--image-size",
+        str(args.image_size),
+    ] + (["--bf16"] if args.bf16 else [])
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plot(rows, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    families = {}
+    for row in rows:
+        if row.get("paper_top1") is None:
+            continue
+        family = row["model"].rsplit("_", 1)[0]
+        families.setdefault(family, []).append(row)
+    for family, members in families.items():
+        members.sort(key=lambda r: r["infer_img_s"])
+        axis.plot(
+            [r["infer_img_s"] for r in members],
+            [r["paper_top1"] for r in members],
+            marker="o",
+            label=family,
+        )
+        for r in members:
+            axis.annotate(
+                r["model"].rsplit("_", 1)[1],
+                (r["infer_img_s"], r["paper_top1"]),
+                fontsize=7,
+            )
+    axis.set_xscale("log")
+    axis.set_xlabel("inference throughput, images/s (measured here)")
+    axis.set_ylabel("ImageNet-1K top-1 % (from the papers, not measured)")
+    axis.set_title(title, fontsize=9)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--image-size", type=int, default=128)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--no-train", action="store_true")
+    parser.add_argument("--jit-model", default="jumbo_vit_nano")
+    parser.add_argument("--csv", default="benchmarks/results/throughput.csv")
+    parser.add_argument("--png", default="benchmarks/results/throughput.png")
+    parser.add_argument("--in-process", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.bf16:
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    if args.worker:
+        row = measure(args.worker, args.image_size, args.batch, args.steps)
+        print(json.dumps(row))
+        return row
+
+    unknown = sorted(set(args.models) - set(models.list_models()))
+    if unknown:
+        raise ValueError(f"Unknown `--models`: {unknown}")
+    rows = []
+    for name in args.models:
+        if args.in_process:
+            row = measure(
+                name,
+                args.image_size,
+                args.batch,
+                args.steps,
+                train=not args.no_train,
+            )
+        else:
+            row = _in_subprocess(args, name)
+        rows.append(row)
+        print(
+            f"{name:<22}{row['params_m']:>8.2f}M  infer "
+            f"{row['infer_img_s']:>9.1f} img/s  train "
+            f"{row.get('train_img_s', float('nan')):>8.1f} img/s  peak "
+            f"{row.get('train_peak_mb', float('nan')):>8.1f} MB "
+            f"({row.get('memory_source', '-')})",
+            flush=True,
+        )
+    os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+    fields = sorted({key for row in rows for key in row})
+    with open(args.csv, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    title = (
+        f"{keras.backend.backend()}, {args.image_size} px, batch {args.batch}"
+        f"{', bf16' if args.bf16 else ''}; accuracies from the papers"
+    )
+    plot(rows, args.png, title)
+    print(f"wrote {args.csv} and {args.png}")
+
+    by_name = {row["model"]: row for row in rows}
+    for size in models.VIT_SIZES:
+        jumbo = by_name.get(f"jumbo_vit_{size}")
+        registers = by_name.get(f"registers_vit_{size}")
+        if jumbo and registers:
+            print(
+                f"Jumbo/Registers inference throughput, {size}: "
+                f"{jumbo['infer_img_s'] / registers['infer_img_s']:.2f} "
+                "(paper, nano at 128 px on an RTX 4090: 0.96)"
+            )
+    if keras.backend.backend() == "jax" and not args.no_train:
+        ratio, times = jit_ratio(
+            args.jit_model, args.image_size, args.batch, args.steps
+        )
+        print(
+            f"JAX train step, jit_compile=True / False ({args.jit_model}): "
+            f"{ratio:.2f} ({times[True] * 1e3:.1f} ms vs "
+            f"{times[False] * 1e3:.1f} ms)"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""Batch augmentation built from Keras core preprocessing layers, with
+per-batch seeds so that a run can be reproduced (and resumed) exactly.
+
+Keras' augmentation layers draw from their own `SeedGenerator`s; here
+every generator of a layer is re-seeded from `(seed, step)` before it is
+applied, so batch `i` of epoch `e` is augmented the same way in every run
+with the same seed, on every backend, whether or not the run was
+interrupted. keras-cv is not used (0.9 is no longer developed and its
+MixUp / CutMix / RandAugment fail inside `model.fit` under Keras 3.15).
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_jumbo.layers._utils import check_positive_int
+
+_MIXING = (keras.layers.MixUp, keras.layers.CutMix)
+
+
+def seed_generators(layer):
+    """Every `keras.random.SeedGenerator` owned by `layer` or its sublayers."""
+    found = []
+    layers = [layer]
+    if hasattr(layer, "_flatten_layers"):
+        layers = list(layer._flatten_layers(include_self=True))
+    for item in layers:
+        for value in vars(item).values():
+            if isinstance(value, keras.random.SeedGenerator) and not any(
+                value is other for other in found
+            ):
+                found.append(value)
+    return found
+
+
+def reseed(layer, seed):
+    """Set every seed generator of `layer` to a state derived from `seed`."""
+    for index, generator in enumerate(seed_generators(layer)):
+        state = np.array(
+            [int(seed) % (2**31), index], dtype=generator.state.dtype
+        )
+        generator.state.assign(state)
+
+
+def _step_seed(seed, *parts):
+    """A 31-bit seed from an int tuple (stable across runs and platforms)."""
+    sequence = np.random.SeedSequence([int(seed), *map(int, parts)])
+    return int(sequence.generate_state(1)[0] % (2**31 - 1))
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class OneOf(keras.layers.Layer):
+    """Apply one of `layers`, chosen uniformly per image.
+
+    Every candidate is applied to the whole batch and each image keeps the
+    output of its own draw (DeiT III's 3-Augment picks one of grayscale,
+    solarisation and Gaussian blur per image).
+
+    Args:
+        layers: list of image-to-image Keras layers (same output shape).
+        seed: int or None.
+    """
+
+    def __init__(self, layers, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not layers:
+            raise ValueError(f"`layers` must be non-empty. Received: {layers}")
+        self.candidates = list(layers)
+        self.seed = seed
+        self.generator = keras.random.SeedGenerator(seed)
+
+    def call(self, images, training=True):
+        if not training:
+            return images
+        outputs = [layer(images, training=True) for layer in self.candidates]
+        choice = keras.random.randint(
+            (ops.shape(images)[0],),
+            0,
+            len(outputs),
+            seed=self.generator,
+        )
+        result = outputs[0]
+        for index in range(1, len(outputs)):
+            keep = ops.reshape(choice == index, (-1, 1, 1, 1))
+            result = ops.where(
+                keep, ops.cast(outputs[index], result.dtype), result
+            )
+        return result
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "layers": [
+                keras.saving.serialize_keras_object(layer)
+                for layer in self.candidates
+            ],
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["layers"] = [
+            keras.saving.deserialize_keras_object(layer)
+            for layer in config["layers"]
+        ]
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class PadAndRandomCrop(keras.layers.Layer):
+    """Reflect-pad by `padding` pixels, then crop back at a random offset
+    (DeiT III's "simple random crop" at the training resolution)."""
+
+    def __init__(self, padding=4, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.padding = check_positive_int("padding", padding, allow_zero=True)
+        self.seed = seed
+        self.generator = keras.random.SeedGenerator(seed)
+
+    def call(self, images, training=True):
+        if not training or self.padding == 0:
+            return images
+        height, width = images.shape[1], images.shape[2]
+        pad = self.padding
+        padded = ops.pad(
+            images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect"
+        )
+        offsets = keras.random.randint(
+            (2,), 0, 2 * pad + 1, seed=self.generator
+        )
+        zero = ops.zeros((1,), "int32")
+        start = ops.concatenate([zero, ops.cast(offsets, "int32"), zero])
+        size = (ops.shape(images)[0], height, width, ops.shape(images)[3])
+        return ops.slice(padded, start, size)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "padding": self.padding,
+            "seed": self.seed,
+        }
+
+
+class MixUpOrCutMix:
+    """Per batch, MixUp (probability `1 - switch_prob`) or CutMix.
+
+    timm's `Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5)`, as
+    the Jumbo ImageNet recipes use it, with Keras' own `MixUp(alpha)` and
+    `CutMix(factor)`. An alpha of 0 disables that mix (the ImageNet-21K
+    recipe: MixUp 0.8, CutMix 0).
+
+    Call arguments:
+        images, labels (one-hot, float); seed: int.
+    """
+
+    def __init__(self, mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5):
+        for name, value in (
+            ("mixup_alpha", mixup_alpha),
+            ("cutmix_alpha", cutmix_alpha),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"`{name}` must be a float. Received: {name}={value!r}"
+                )
+            if value < 0:
+                raise ValueError(
+                    f"`{name}` must be >= 0. Received: {name}={value!r}"
+                )
+        if not 0.0 <= switch_prob <= 1.0:
+            raise ValueError(
+                "`switch_prob` must be in [0, 1]. "
+                f"Received: switch_prob={switch_prob!r}"
+            )
+        self.mixup_alpha = float(mixup_alpha)
+        self.cutmix_alpha = float(cutmix_alpha)
+        self.switch_prob = float(switch_prob)
+        self.mixup = (
+            keras.layers.MixUp(alpha=mixup_alpha) if mixup_alpha else None
+        )
+        self.cutmix = (
+            keras.layers.CutMix(factor=cutmix_alpha) if cutmix_alpha else None
+        )
+
+    def __call__(self, images, labels, seed):
+        layer = self.mixup or self.cutmix
+        if self.mixup is not None and self.cutmix is not None:
+            draw = np.random.default_rng(_step_seed(seed, 1)).random()
+            layer = self.cutmix if draw < self.switch_prob else self.mixup
+        if layer is None:
+            return images, labels
+        reseed(layer, _step_seed(seed, 2))
+        out = layer({"images": images, "labels": labels}, training=True)
+        return out["images"], out["labels"]
+
+
+class BatchAugmentation:
+    """Image layers, then an optional mix, applied to a batch with a seed.
+
+    Args:
+        image_layers: Keras image-to-image layers (e.g. `RandomFlip`,
+            `RandAugment`), applied in order to the images.
+        mix: a `MixUpOrCutMix` or None.
+
+    Call arguments:
+        images: float `(batch, H, W, C)` in the pixel range the layers
+            expect (`value_range`, [0, 255] for the presets here).
+        labels: one-hot float `(batch, classes)`.
+        seed: int; the same seed gives the same augmentation.
+
+    Returns:
+        `(images, labels)` as numpy arrays.
+    """
+
+    def __init__(self, image_layers=(), mix=None):
+        self.image_layers = list(image_layers)
+        self.mix = mix
+
+    def __call__(self, images, labels, seed):
+        images = ops.convert_to_tensor(images, "float32")
+        labels = ops.convert_to_tensor(labels, "float32")
+        for index, layer in enumerate(self.image_layers):
+            reseed(layer, _step_seed(seed, 10 + index))
+            images = layer(images, training=True)
+        if self.mix is not None:
+            images, labels = self.mix(images, labels, seed)
+        return ops.convert_to_numpy(images), ops.convert_to_numpy(labels)
+
+
+def three_augment(
+    padding=4,
+    color_jitter=0.3,
+    value_range=(0, 255),
+    mixup_alpha=0.0,
+    cutmix_alpha=0.0,
+):
+    """DeiT III's 3-Augment (Touvron et al., 2022), from Keras core layers.
+
+    Simple random crop (reflect padding + crop), horizontal flip, then per
+    image one of {grayscale, solarisation, Gaussian blur}, then colour
+    jitter (brightness/contrast/saturation `color_jitter`); optionally
+    MixUp/CutMix. Needs 3-channel images.
+
+    Differences from the reference, stated: Keras' `Solarization` with
+    `threshold_factor=(0.5, 0.5)` inverts values above the middle of
+    `value_range` (the reference: above 128 of 255, the same); Gaussian
+    blur uses Keras' `RandomGaussianBlur(factor=1.0, sigma=(0.1, 2.0))`
+    with a 7-pixel kernel.
+    """
+    image_layers = [
+        PadAndRandomCrop(padding),
+        keras.layers.RandomFlip("horizontal"),
+        OneOf(
+            [
+                keras.layers.RandomGrayscale(factor=1.0),
+                keras.layers.Solarization(
+                    addition_factor=0.0,
+                    threshold_factor=(0.5, 0.5),
+                    value_range=value_range,
+                ),
+                keras.layers.RandomGaussianBlur(
+                    factor=1.0,
+                    kernel_size=7,
+                    sigma=(0.1, 2.0),
+                    value_range=value_range,
+                ),
+            ]
+        ),
+    ]
+    if color_jitter:
+        image_layers.append(
+            keras.layers.RandomColorJitter(
+                value_range=value_range,
+                brightness_factor=color_jitter,
+                contrast_factor=color_jitter,
+                saturation_factor=color_jitter,
+            )
+        )
+    mix = None
+    if mixup_alpha or cutmix_alpha:
+        mix = MixUpOrCutMix(mixup_alpha, cutmix_alpha)
+    return BatchAugmentation(image_layers, mix)
+
+
+def rand_augment(
+    magnitude=0.9,
+    num_ops=2,
+    value_range=(0, 255),
+    mixup_alpha=0.0,
+    cutmix_alpha=0.0,
+):
+    """Horizontal flip + `keras.layers.RandAugment`, optionally mixed.
+
+    The Jumbo fine-tune recipe uses timm's `rand-m9-mstd0.5-inc1`: 2 ops
+    at magnitude 9 of 10 with magnitude noise; Keras' RandAugment has no
+    magnitude noise, so `factor=magnitude` (0.9) is the closest setting.
+    """
+    image_layers = [
+        keras.layers.RandomFlip("horizontal"),
+        keras.layers.RandAugment(
+            value_range=value_range, num_ops=num_ops, factor=magnitude
+        ),
+    ]
+    mix = None
+    if mixup_alpha or cutmix_alpha:
+        mix = MixUpOrCutMix(mixup_alpha, cutmix_alpha)
+    return BatchAugmentation(image_layers, mix)

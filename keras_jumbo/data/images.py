@@ -1,0 +1,243 @@
+"""Image classification input pipelines: in-memory batches with a
+reproducible per-epoch order, a local ImageNet-style directory, and
+tensorflow-datasets data the user has already prepared."""
+
+import keras
+import numpy as np
+
+from keras_jumbo.data.augment import _step_seed
+from keras_jumbo.layers._utils import check_positive_int
+
+
+class ImageBatches(keras.utils.PyDataset):
+    """Batches of in-memory images whose order and augmentation depend only
+    on `(seed, epoch, batch index)`.
+
+    The shuffle of epoch `e` is `default_rng((seed, e)).permutation(n)` and
+    batch `i` is augmented with the seed `(seed, e, i)`, so any epoch can be
+    reproduced without replaying the ones before it: a run resumed with
+    `keras.callbacks.BackupAndRestore` sees exactly the batches an
+    uninterrupted run would. The epoch is set by `set_epoch`, which the
+    `keras_jumbo.callbacks.EpochSeed` callback calls at every epoch start.
+
+    Args:
+        images: array `(n, H, W, C)`, raw pixel values (e.g. uint8).
+        labels: int array `(n,)`.
+        batch_size: int.
+        num_classes: int or None; given, labels are returned one-hot
+            (float32) — needed with MixUp/CutMix.
+        augmentation: callable `(images, labels, seed) -> (images, labels)`
+            (e.g. `keras_jumbo.data.three_augment()`) or None. It receives
+            float32 pixels in the original range.
+        mean, std: per-channel normalisation applied after augmentation as
+            `(x / scale - mean) / std`; None skips it.
+        scale: float, pixel scale (255 for uint8 images).
+        shuffle: bool.
+        seed: int.
+        drop_remainder: bool, drop the last incomplete batch.
+        **kwargs: `keras.utils.PyDataset` arguments (`workers`, ...).
+    """
+
+    def __init__(
+        self,
+        images,
+        labels,
+        batch_size,
+        num_classes=None,
+        augmentation=None,
+        mean=None,
+        std=None,
+        scale=255.0,
+        shuffle=True,
+        seed=0,
+        drop_remainder=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        images = np.asarray(images)
+        labels = np.asarray(labels)
+        if images.ndim != 4:
+            raise ValueError(
+                "`images` must have shape (n, height, width, channels). "
+                f"Received: images.shape={images.shape}"
+            )
+        if labels.shape != (len(images),):
+            raise ValueError(
+                "`labels` must have shape (n,) matching `images`. Received: "
+                f"labels.shape={labels.shape}, images.shape={images.shape}"
+            )
+        self.images = images
+        self.labels = labels
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        if num_classes is not None:
+            check_positive_int("num_classes", num_classes)
+        self.num_classes = num_classes
+        self.augmentation = augmentation
+        self.mean = None if mean is None else np.asarray(mean, "float32")
+        self.std = None if std is None else np.asarray(std, "float32")
+        self.scale = float(scale)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_remainder = bool(drop_remainder)
+        self.epoch = 0
+        if len(self) == 0:
+            raise ValueError(
+                f"No batch: {len(images)} examples with batch_size="
+                f"{batch_size} and drop_remainder={drop_remainder}."
+            )
+
+    def set_epoch(self, epoch):
+        """Select the order and augmentation seeds of epoch `epoch`."""
+        self.epoch = int(epoch)
+
+    def __len__(self):
+        if self.drop_remainder:
+            return len(self.images) // self.batch_size
+        return -(-len(self.images) // self.batch_size)
+
+    def _order(self):
+        if not self.shuffle:
+            return np.arange(len(self.images))
+        rng = np.random.default_rng([self.seed, self.epoch])
+        return rng.permutation(len(self.images))
+
+    def __getitem__(self, index):
+        if not 0 <= index < len(self):
+            raise IndexError(f"index={index} out of range [0, {len(self)})")
+        rows = self._order()[
+            index * self.batch_size : (index + 1) * self.batch_size
+        ]
+        images = self.images[rows].astype("float32")
+        labels = self.labels[rows]
+        if self.num_classes is not None:
+            labels = np.eye(self.num_classes, dtype="float32")[labels]
+        if self.augmentation is not None:
+            images, labels = self.augmentation(
+                images, labels, _step_seed(self.seed, self.epoch, index)
+            )
+        images = np.asarray(images, "float32")
+        if self.mean is not None:
+            images = (images / self.scale - self.mean) / self.std
+        return images, np.asarray(labels)
+
+
+def image_directory_dataset(
+    directory,
+    image_size,
+    batch_size,
+    shuffle=True,
+    seed=0,
+    num_classes=None,
+    **kwargs,
+):
+    """An ImageNet-style folder (`directory/<class>/<image>`) as batches.
+
+    A thin wrapper over `keras.utils.image_dataset_from_directory` (labels
+    from sub-folder names, images resized to `image_size`, float pixels in
+    [0, 255]); with `num_classes`, labels are one-hot. The result is a
+    `tf.data.Dataset` (TensorFlow must be installed; it feeds `fit` on
+    every backend). Augment it with `augmented_batches`.
+    """
+    try:
+        import tensorflow as tf
+    except ImportError as error:  # pragma: no cover - depends on install
+        raise ImportError(
+            "image_directory_dataset needs TensorFlow for tf.data: "
+            "pip install 'keras-jumbo[tensorflow]'"
+        ) from error
+    if isinstance(image_size, int):
+        image_size = (image_size, image_size)
+    dataset = keras.utils.image_dataset_from_directory(
+        directory,
+        image_size=tuple(image_size),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        label_mode="int",
+        **kwargs,
+    )
+    if num_classes is not None:
+        dataset = dataset.map(
+            lambda x, y: (x, tf.one_hot(y, num_classes)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def tfds_dataset(
+    name,
+    split,
+    image_size,
+    batch_size,
+    data_dir=None,
+    shuffle=True,
+    seed=0,
+    num_classes=None,
+):
+    """A tensorflow-datasets image dataset the user has already prepared.
+
+    Never downloads (`download=False`): without the prepared files under
+    `data_dir` it raises at once instead of hanging on the network.
+    Images are resized (bilinear) to `image_size`, pixels in [0, 255].
+    """
+    try:
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+    except ImportError as error:  # pragma: no cover - depends on install
+        raise ImportError(
+            "tfds_dataset needs tensorflow and tensorflow-datasets: "
+            "pip install tensorflow-datasets"
+        ) from error
+    if isinstance(image_size, int):
+        image_size = (image_size, image_size)
+    dataset = tfds.load(
+        name,
+        split=split,
+        data_dir=data_dir,
+        as_supervised=True,
+        download=False,
+        shuffle_files=shuffle,
+        read_config=tfds.ReadConfig(shuffle_seed=seed),
+    )
+
+    def prepare(image, label):
+        image = tf.image.resize(tf.cast(image, "float32"), image_size)
+        if num_classes is not None:
+            label = tf.one_hot(label, num_classes)
+        return image, label
+
+    if shuffle:
+        dataset = dataset.shuffle(10 * batch_size, seed=seed)
+    dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.batch(batch_size, drop_remainder=shuffle).prefetch(
+        tf.data.AUTOTUNE
+    )
+
+
+def augmented_batches(dataset, augmentation, seed=0, mean=None, std=None):
+    """Generator over a batched dataset with `augmentation` applied per batch.
+
+    `dataset` is any iterable of `(images, labels)` batches (a
+    `tf.data.Dataset` is read with `as_numpy_iterator`); batch `i` of each
+    pass gets the seed `(seed, pass, i)`. Normalisation as `ImageBatches`.
+    Loops forever; pass `steps_per_epoch` to `fit`.
+    """
+    mean = None if mean is None else np.asarray(mean, "float32")
+    std = None if std is None else np.asarray(std, "float32")
+    epoch = 0
+    while True:
+        iterator = (
+            dataset.as_numpy_iterator()
+            if hasattr(dataset, "as_numpy_iterator")
+            else iter(dataset)
+        )
+        for index, (images, labels) in enumerate(iterator):
+            if augmentation is not None:
+                images, labels = augmentation(
+                    images, labels, _step_seed(seed, epoch, index)
+                )
+            images = np.asarray(images, "float32")
+            if mean is not None:
+                images = (images / 255.0 - mean) / std
+            yield images, np.asarray(labels)
+        epoch += 1

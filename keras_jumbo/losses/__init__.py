@@ -1,0 +1,13 @@
+"""Training losses: function-matching distillation, token labelling."""
+
+from keras_jumbo.losses.distillation import Distiller
+from keras_jumbo.losses.distillation import FunctionMatchingKL
+from keras_jumbo.losses.distillation import kl_divergence_from_logits
+from keras_jumbo.nas.token_labeling import token_labeling_losses
+
+__all__ = [
+    "Distiller",
+    "FunctionMatchingKL",
+    "kl_divergence_from_logits",
+    "token_labeling_losses",
+]

@@ -1,0 +1,170 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_jumbo import data
+
+
+def _images(rng, n=12, size=8):
+    return rng.integers(0, 256, size=(n, size, size, 3)).astype("uint8")
+
+
+def test_image_batches_epoch_order_and_normalisation(rng):
+    images, labels = _images(rng), np.arange(12) % 5
+    batches = data.ImageBatches(
+        images, labels, 4, num_classes=5, mean=(0.5,) * 3, std=(0.25,) * 3
+    )
+    assert len(batches) == 3
+    seen = []
+    for i in range(len(batches)):
+        x, y = batches[i]
+        seen.append(y.argmax(-1))
+        rows = [
+            int(np.flatnonzero((images == v).all((1, 2, 3)))[0])
+            for v in np.round((x * 0.25 + 0.5) * 255).astype("uint8")
+        ]
+        np.testing.assert_allclose(
+            x, (images[rows] / 255.0 - 0.5) / 0.25, atol=1e-6
+        )
+        np.testing.assert_array_equal(y, np.eye(5)[labels[rows]])
+    order0 = np.concatenate(seen)
+    assert sorted(order0.tolist()) == sorted(labels.tolist())
+    # Same epoch: same batches (a restart reproduces them); another epoch:
+    # another order.
+    again = data.ImageBatches(
+        images, labels, 4, num_classes=5, mean=(0.5,) * 3, std=(0.25,) * 3
+    )
+    np.testing.assert_array_equal(again[1][0], batches[1][0])
+    batches.set_epoch(1)
+    assert not np.array_equal(batches[0][0], again[0][0])
+    again.set_epoch(1)
+    np.testing.assert_array_equal(batches[2][0], again[2][0])
+
+
+def test_image_batches_errors(rng):
+    with pytest.raises(ValueError, match="images"):
+        data.ImageBatches(np.zeros((4, 8, 8)), np.zeros(4), 2)
+    with pytest.raises(ValueError, match="labels"):
+        data.ImageBatches(_images(rng, 4), np.zeros(3), 2)
+    with pytest.raises(ValueError, match="batch_size"):
+        data.ImageBatches(_images(rng, 4), np.zeros(4), 0)
+    with pytest.raises(ValueError, match="No batch"):
+        data.ImageBatches(_images(rng, 4), np.zeros(4), 8, drop_remainder=True)
+
+
+def test_three_augment_is_reproducible_per_seed(rng):
+    images = _images(rng, 6, 16).astype("float32")
+    labels = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 2]]
+    augment = data.three_augment(mixup_alpha=0.8, cutmix_alpha=1.0)
+    a = augment(images, labels, seed=3)
+    b = augment(images, labels, seed=3)
+    c = augment(images, labels, seed=4)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    assert not np.array_equal(a[0], c[0])
+    assert a[0].shape == images.shape
+    np.testing.assert_allclose(a[1].sum(-1), 1.0, atol=1e-5)
+
+
+def test_mixup_mixes_images_and_labels_alike(rng):
+    images = _images(rng, 4, 8).astype("float32")
+    labels = np.eye(4, dtype="float32")
+    mixed_images, mixed_labels = data.MixUpOrCutMix(0.8, 0.0)(
+        keras.ops.convert_to_tensor(images),
+        keras.ops.convert_to_tensor(labels),
+        seed=7,
+    )
+    mixed_images = keras.ops.convert_to_numpy(mixed_images)
+    mixed_labels = keras.ops.convert_to_numpy(mixed_labels)
+    for i in range(4):
+        # label row i = lam * e_i + (1 - lam) * e_j: the images must mix
+        # with the same weights.
+        weights = mixed_labels[i]
+        expected = np.tensordot(weights, images, axes=1)
+        np.testing.assert_allclose(
+            mixed_images[i], expected, rtol=1e-4, atol=1e-3
+        )
+
+
+def test_pad_and_random_crop_is_a_window_of_the_reflect_padded_image(rng):
+    images = rng.normal(size=(2, 6, 6, 3)).astype("float32")
+    crop = data.PadAndRandomCrop(2, seed=1)
+    out = keras.ops.convert_to_numpy(crop(images))
+    padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)), mode="reflect")
+    windows = [
+        padded[:, t : t + 6, s : s + 6] for t in range(5) for s in range(5)
+    ]
+    assert any(np.allclose(out, w) for w in windows)
+
+
+def test_one_of_picks_one_candidate_per_image(rng):
+    images = rng.uniform(0, 255, size=(16, 4, 4, 3)).astype("float32")
+    negate = keras.layers.Lambda(lambda x: -x)
+    double = keras.layers.Lambda(lambda x: 2 * x)
+    out = keras.ops.convert_to_numpy(
+        data.OneOf([negate, double], seed=0)(images)
+    )
+    negated = np.all(np.isclose(out, -images), axis=(1, 2, 3))
+    doubled = np.all(np.isclose(out, 2 * images), axis=(1, 2, 3))
+    assert np.all(negated ^ doubled)
+    assert negated.any() and doubled.any()
+
+
+def test_augmentation_layers_save_and_reload(rng, tmp_path):
+    images = rng.uniform(0, 255, size=(4, 8, 8, 3)).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            data.PadAndRandomCrop(2, seed=3),
+            data.OneOf(
+                [keras.layers.RandomGrayscale(1.0), keras.layers.Identity()],
+                seed=4,
+            ),
+        ]
+    )
+    path = str(tmp_path / "augment.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    data.reseed(model, 11)
+    data.reseed(loaded, 11)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(model(images, training=True)),
+        keras.ops.convert_to_numpy(loaded(images, training=True)),
+        atol=1e-5,
+    )
+    # Inference passes images through unchanged.
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(images, training=False)), images
+    )
+    with pytest.raises(ValueError, match="padding"):
+        data.PadAndRandomCrop(-1)
+    with pytest.raises(ValueError, match="layers"):
+        data.OneOf([])
+
+
+def test_epoch_seed_and_multi_architecture_batches_resume(rng):
+    from keras_jumbo import callbacks
+    from keras_jumbo import nas
+
+    with pytest.raises(TypeError, match="set_epoch"):
+        callbacks.EpochSeed(0, datasets=[object()])
+    with pytest.raises(TypeError, match="seed"):
+        callbacks.EpochSeed(seed="0")
+    space = nas.SearchSpace.preset("tiny")
+    images = rng.normal(size=(32, 4)).astype("float32")
+    labels = np.arange(32)
+
+    def batches():
+        return nas.MultiArchitectureBatches(
+            images, labels, space, batch_size=8, num_architectures=2, seed=5
+        )
+
+    a, b = batches(), batches()
+    for _ in range(3):  # a runs epochs 0..2 in order; b jumps to epoch 2
+        a.on_epoch_end()
+    a.set_epoch(2)
+    b.set_epoch(2)
+    for index in range(len(a)):
+        (xa, ya), (xb, yb) = a[index], b[index]
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa["architecture"], xb["architecture"])
