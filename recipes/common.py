@@ -282,7 +282,7 @@ def _resize(images, size):
     return np.clip(keras.ops.convert_to_numpy(resized), 0, 255)
 
 
-def smoke_teacher(train, image_size, epochs=3):
+def smoke_teacher(train, image_size, epochs=6):
     """A small CNN trained for a few epochs at `image_size` (2x the
     student's) on the smoke images without augmentation: any Keras model
     can teach."""
@@ -297,8 +297,11 @@ def smoke_teacher(train, image_size, epochs=3):
     )
     inputs = keras.Input((image_size, image_size, 3))
     x = inputs
-    for filters in (32, 64):
-        x = keras.layers.Conv2D(filters, 3, strides=2, activation="relu")(x)
+    for filters in (32, 64, 128):
+        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(
+            x
+        )
+        x = keras.layers.MaxPooling2D()(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     teacher = keras.Model(
         inputs, keras.layers.Dense(train.num_classes)(x), name="teacher"

@@ -15,7 +15,8 @@ from keras import ops
 
 from keras_jumbo.layers._utils import check_positive_int
 
-_MIXING = (keras.layers.MixUp, keras.layers.CutMix)
+# Augmentation runs in float32 whatever the global (mixed) policy is.
+_F32 = "float32"
 
 
 def seed_generators(layer):
@@ -182,10 +183,14 @@ class MixUpOrCutMix:
         self.cutmix_alpha = float(cutmix_alpha)
         self.switch_prob = float(switch_prob)
         self.mixup = (
-            keras.layers.MixUp(alpha=mixup_alpha) if mixup_alpha else None
+            keras.layers.MixUp(alpha=mixup_alpha, dtype=_F32)
+            if mixup_alpha
+            else None
         )
         self.cutmix = (
-            keras.layers.CutMix(factor=cutmix_alpha) if cutmix_alpha else None
+            keras.layers.CutMix(factor=cutmix_alpha, dtype=_F32)
+            if cutmix_alpha
+            else None
         )
 
     def __call__(self, images, labels, seed):
@@ -254,23 +259,26 @@ def three_augment(
     with a 7-pixel kernel.
     """
     image_layers = [
-        PadAndRandomCrop(padding),
-        keras.layers.RandomFlip("horizontal"),
+        PadAndRandomCrop(padding, dtype=_F32),
+        keras.layers.RandomFlip("horizontal", dtype=_F32),
         OneOf(
             [
-                keras.layers.RandomGrayscale(factor=1.0),
+                keras.layers.RandomGrayscale(factor=1.0, dtype=_F32),
                 keras.layers.Solarization(
                     addition_factor=0.0,
                     threshold_factor=(0.5, 0.5),
                     value_range=value_range,
+                    dtype=_F32,
                 ),
                 keras.layers.RandomGaussianBlur(
                     factor=1.0,
                     kernel_size=7,
                     sigma=(0.1, 2.0),
                     value_range=value_range,
+                    dtype=_F32,
                 ),
-            ]
+            ],
+            dtype=_F32,
         ),
     ]
     if color_jitter:
@@ -280,6 +288,7 @@ def three_augment(
                 brightness_factor=color_jitter,
                 contrast_factor=color_jitter,
                 saturation_factor=color_jitter,
+                dtype=_F32,
             )
         )
     mix = None
@@ -302,9 +311,12 @@ def rand_augment(
     magnitude noise, so `factor=magnitude` (0.9) is the closest setting.
     """
     image_layers = [
-        keras.layers.RandomFlip("horizontal"),
+        keras.layers.RandomFlip("horizontal", dtype=_F32),
         keras.layers.RandAugment(
-            value_range=value_range, num_ops=num_ops, factor=magnitude
+            value_range=value_range,
+            num_ops=num_ops,
+            factor=magnitude,
+            dtype=_F32,
         ),
     ]
     mix = None

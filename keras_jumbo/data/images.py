@@ -156,12 +156,15 @@ def image_directory_dataset(
         label_mode="int",
         **kwargs,
     )
+    class_names = dataset.class_names
     if num_classes is not None:
         dataset = dataset.map(
             lambda x, y: (x, tf.one_hot(y, num_classes)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    dataset.class_names = class_names  # as image_dataset_from_directory
+    return dataset
 
 
 def tfds_dataset(

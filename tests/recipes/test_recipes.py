@@ -205,3 +205,80 @@ def test_distribution_errors():
     other = "mirrored" if keras.backend.backend() != "tensorflow" else "data"
     with pytest.raises(ValueError, match="KERAS_BACKEND"):
         distribution.distribution_scope(other)
+
+
+def _image_folder(root, rng, classes=3, per_class=8, size=20):
+    for split in ("train", "val"):
+        for c in range(classes):
+            folder = root / split / f"class_{c}"
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                image = rng.integers(0, 256, size=(size, size, 3))
+                image[..., c] = 255  # a learnable colour cue
+                keras.utils.save_img(
+                    str(folder / f"{i}.png"), image.astype("uint8")
+                )
+    return str(root)
+
+
+def _tiny_jumbo(num_classes, image_size, smoke):
+    return models.JumboViT(
+        "pico",
+        num_classes=num_classes,
+        image_size=image_size,
+        patch_size=8,
+        depth=1,
+        jumbo_mlp_ratio=1,
+    )
+
+
+def test_directory_pipeline_run_with_mixed_precision_and_logs(tmp_path, rng):
+    data_dir = _image_folder(tmp_path / "images", rng)
+    recipe = dataclasses.replace(
+        _tiny_recipe(),
+        build_model=_tiny_jumbo,
+        image_size=16,
+        epochs=2,
+        batch_size=8,
+    )
+    out = tmp_path / "run"
+    result = common.run(
+        recipe,
+        [
+            "--data-dir",
+            data_dir,
+            "--output-dir",
+            str(out),
+            "--val-examples",
+            "24",
+            "--mixed-precision",
+            "bfloat16",
+            "--tensorboard",
+            "--verbose",
+            "0",
+        ],
+    )
+    assert 0.0 <= result["val_accuracy"] <= 1.0
+    assert np.isfinite(result["last_loss"])
+    with open(out / "log.csv") as handle:
+        assert len(handle.read().strip().splitlines()) == 3  # header + 2
+    assert os.listdir(out / "tensorboard")
+    model = keras.saving.load_model(str(out / "model.keras"))
+    assert model.output_shape == (None, 3)
+    assert "bfloat16" in model.dtype_policy.name
+
+
+def test_tfds_pipeline_reads_prepared_data_only(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from keras_jumbo import data
+
+    with pytest.raises(Exception, match="download|not found|exist|data"):
+        data.tfds_dataset(
+            "mnist", "train", 16, 4, data_dir=str(tmp_path / "empty")
+        )
+    with tfds.testing.mock_data(num_examples=24):
+        dataset = data.tfds_dataset("mnist", "train", 16, 4, num_classes=10)
+        images, labels = next(iter(dataset.as_numpy_iterator()))
+    assert images.shape == (4, 16, 16, 1)
+    np.testing.assert_allclose(labels.sum(-1), 1.0)
+    assert images.min() >= 0.0 and images.max() <= 255.0
