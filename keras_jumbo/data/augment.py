@@ -238,6 +238,12 @@ class BatchAugmentation:
         return ops.convert_to_numpy(images), ops.convert_to_numpy(labels)
 
 
+def _mix(mixup_alpha, cutmix_alpha):
+    if mixup_alpha or cutmix_alpha:
+        return MixUpOrCutMix(mixup_alpha, cutmix_alpha)
+    return None
+
+
 def three_augment(
     padding=4,
     color_jitter=0.3,
@@ -291,10 +297,7 @@ def three_augment(
                 dtype=_F32,
             )
         )
-    mix = None
-    if mixup_alpha or cutmix_alpha:
-        mix = MixUpOrCutMix(mixup_alpha, cutmix_alpha)
-    return BatchAugmentation(image_layers, mix)
+    return BatchAugmentation(image_layers, _mix(mixup_alpha, cutmix_alpha))
 
 
 def rand_augment(
@@ -319,7 +322,4 @@ def rand_augment(
             dtype=_F32,
         ),
     ]
-    mix = None
-    if mixup_alpha or cutmix_alpha:
-        mix = MixUpOrCutMix(mixup_alpha, cutmix_alpha)
-    return BatchAugmentation(image_layers, mix)
+    return BatchAugmentation(image_layers, _mix(mixup_alpha, cutmix_alpha))

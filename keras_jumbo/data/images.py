@@ -121,6 +121,24 @@ class ImageBatches(keras.utils.PyDataset):
         return images, np.asarray(labels)
 
 
+def _optional(module, user):
+    """Import an optional dependency or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:  # pragma: no cover - depends on install
+        raise ImportError(
+            f"{user} needs {module}: pip install 'keras-jumbo[data]'"
+        ) from error
+
+
+def _pair(image_size):
+    if isinstance(image_size, int):
+        return (image_size, image_size)
+    return tuple(image_size)
+
+
 def image_directory_dataset(
     directory,
     image_size,
@@ -138,15 +156,8 @@ def image_directory_dataset(
     `tf.data.Dataset` (TensorFlow must be installed; it feeds `fit` on
     every backend). Augment it with `augmented_batches`.
     """
-    try:
-        import tensorflow as tf
-    except ImportError as error:  # pragma: no cover - depends on install
-        raise ImportError(
-            "image_directory_dataset needs TensorFlow for tf.data: "
-            "pip install 'keras-jumbo[tensorflow]'"
-        ) from error
-    if isinstance(image_size, int):
-        image_size = (image_size, image_size)
+    tf = _optional("tensorflow", "image_directory_dataset")
+    image_size = _pair(image_size)
     dataset = keras.utils.image_dataset_from_directory(
         directory,
         image_size=tuple(image_size),
@@ -183,16 +194,9 @@ def tfds_dataset(
     `data_dir` it raises at once instead of hanging on the network.
     Images are resized (bilinear) to `image_size`, pixels in [0, 255].
     """
-    try:
-        import tensorflow as tf
-        import tensorflow_datasets as tfds
-    except ImportError as error:  # pragma: no cover - depends on install
-        raise ImportError(
-            "tfds_dataset needs tensorflow and tensorflow-datasets: "
-            "pip install tensorflow-datasets"
-        ) from error
-    if isinstance(image_size, int):
-        image_size = (image_size, image_size)
+    tf = _optional("tensorflow", "tfds_dataset")
+    tfds = _optional("tensorflow_datasets", "tfds_dataset")
+    image_size = _pair(image_size)
     dataset = tfds.load(
         name,
         split=split,
