@@ -1,6 +1,7 @@
 """Throughput and memory of every image model family and size, one backend.
 
-For each model (registry name): inference images/s (Keras' compiled
+For each model (registry name; time-series models on random series of
+their default shape): inference examples/s (Keras' compiled
 predict step: XLA on JAX, tf.function on TensorFlow, eager on PyTorch),
 training images/s (`train_on_batch`, AdamW + cross-entropy) and the peak
 memory of a training step, each model in a fresh subprocess so that the
@@ -51,10 +52,26 @@ DEFAULT_MODELS = (
     "registers_vit_small",
     "vit_tiny",
     "non_deep_vit_6x2",
+    "non_deep_vit_6x2:plain",
     "non_deep_vit_4x3",
+    "non_deep_vit_4x3:plain",
     "vit_res_tiny",
     "vit_resnas_tiny",
     "vit_resnas_small",
+    "patchtst",
+    "patchtst_registers",
+    "patchtst_jumbo",
+    "patchtst_forecaster",
+    "ms_patchtst",
+)
+# Time-series models run on random series of their default shape (Jumbo
+# A.2.2 classification: L=128; MS-PatchTST forecasting: L=336, 7 channels).
+TIME_SERIES = (
+    "patchtst",
+    "patchtst_registers",
+    "patchtst_jumbo",
+    "patchtst_forecaster",
+    "ms_patchtst",
 )
 
 # ImageNet-1K top-1 (%) from the papers, by model and resolution; the
@@ -78,9 +95,10 @@ PAPER_TOP1 = {
     ("registers_vit_small", 224): (81.9, "Jumbo Table 10"),
     # Non-Deep ViT Table 1 (224 px): 12-layer DeiT-Tiny and D-MAE-l-R.
     ("vit_tiny", 224): (72.2, "Non-Deep ViT Table 1 (DeiT-Tiny)"),
-    ("non_deep_vit_6x2", 224): (72.4, "Non-Deep ViT Table 1 (D-MAE-6-R)"),
-    ("non_deep_vit_4x3", 224): (67.0, "Non-Deep ViT Table 1 (D-MAE-4-R)"),
-    ("non_deep_vit_3x4", 224): (60.5, "Non-Deep ViT Table 1 (D-MAE-3-R)"),
+    # The reparameterised (":plain") models are the ones the paper deploys.
+    ("non_deep_vit_6x2:plain", 224): (72.4, "Non-Deep ViT Table 1 (D-MAE-6-R)"),
+    ("non_deep_vit_4x3:plain", 224): (67.0, "Non-Deep ViT Table 1 (D-MAE-4-R)"),
+    ("non_deep_vit_3x4:plain", 224): (60.5, "Non-Deep ViT Table 1 (D-MAE-3-R)"),
     # ViT-ResNAS Table 3 (224 px).
     ("vit_res_tiny", 224): (80.1, "ViT-ResNAS Table 3"),
     ("vit_resnas_tiny", 224): (80.8, "ViT-ResNAS Table 3"),
@@ -130,30 +148,62 @@ def _seconds_per_step(step, steps):
     return (time.perf_counter() - start) / steps
 
 
+def image_size_for(name, image_size):
+    """ViT-Res(NAS) needs sides divisible by 56 (patch 14, two 2x
+    reductions; ViT-ResNAS §4): the nearest such size, at least 56."""
+    if name.startswith("vit_res"):
+        return max(56, 56 * round(image_size / 56))
+    return image_size
+
+
 def _build(name, image_size, num_classes):
-    return models.create_model(
-        name, num_classes=num_classes, image_size=image_size
+    """A registry model; `name:plain` is a Non-Deep ViT reparameterised
+    into the plain shallow ViT it collapses to (what is deployed)."""
+    base, _, variant = name.partition(":")
+    model = models.create_model(
+        base, num_classes=num_classes, image_size=image_size
     )
+    if variant == "plain":
+        from keras_jumbo import convert
+
+        convert.set_join_lambda(model, 1.0)
+        model = convert.reparameterize(model)
+    return model
+
+
+def _inputs(model, batch, rng):
+    """Random inputs and targets for `model` (labels, or a zero forecast)."""
+    shape = (batch,) + tuple(model.input_shape[1:])
+    x = rng.normal(size=shape).astype("float32")
+    if len(model.output_shape) == 2:
+        y = rng.integers(0, model.output_shape[-1], size=(batch,))
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    else:
+        y = np.zeros((batch,) + tuple(model.output_shape[1:]), "float32")
+        loss = keras.losses.MeanSquaredError()
+    return x, y, loss
 
 
 def measure(name, image_size, batch, steps, num_classes=1000, train=True):
-    """Inference / training images/s and training-step peak memory."""
+    """Inference / training examples/s and training-step peak memory."""
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch, image_size, image_size, 3)).astype("float32")
-    y = rng.integers(0, num_classes, size=(batch,))
-    model = _build(name, image_size, num_classes)
+    if name in TIME_SERIES:
+        model = models.create_model(name)
+        image_size = None
+    else:
+        image_size = image_size_for(name, image_size)
+        model = _build(name, image_size, num_classes)
+    x, y, loss = _inputs(model, batch, rng)
     row = {
         "model": name,
         "params_m": round(model.count_params() / 1e6, 2),
         "image_size": image_size,
+        "input_shape": "x".join(str(d) for d in x.shape[1:]),
         "batch": batch,
         "dtype_policy": keras.config.dtype_policy().name,
     }
     if train:
-        model.compile(
-            optimizer=keras.optimizers.AdamW(1e-4),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+        model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss)
         rss_before = _rss_bytes()
         seconds = _seconds_per_step(lambda: model.train_on_batch(x, y), steps)
         row["train_img_s"] = round(batch / seconds, 1)
@@ -202,7 +252,9 @@ def _in_subprocess(args, name):
         str(args.steps),
         "--image-size",
         str(args.image_size),
-    ] + (["--bf16"] if args.bf16 else [])
+    ]
+    command += ["--bf16"] if args.bf16 else []
+    command += ["--no-train"] if args.no_train else []
     out = subprocess.run(command, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
@@ -220,7 +272,7 @@ def plot(rows, path, title):
     for row in rows:
         if row.get("paper_top1") is None:
             continue
-        family = row["model"].rsplit("_", 1)[0]
+        family = row["model"].replace(":", "_").rsplit("_", 1)[0]
         families.setdefault(family, []).append(row)
     for family, members in families.items():
         members.sort(key=lambda r: r["infer_img_s"])
@@ -232,7 +284,7 @@ def plot(rows, path, title):
         )
         for r in members:
             axis.annotate(
-                r["model"].rsplit("_", 1)[1],
+                r["model"].replace(":", "_").rsplit("_", 1)[1],
                 (r["infer_img_s"], r["paper_top1"]),
                 fontsize=7,
             )
@@ -241,7 +293,8 @@ def plot(rows, path, title):
     axis.set_ylabel("ImageNet-1K top-1 % (from the papers, not measured)")
     axis.set_title(title, fontsize=9)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+    if families:
+        axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -263,11 +316,20 @@ def main(argv=None):
     if args.bf16:
         keras.config.set_dtype_policy("mixed_bfloat16")
     if args.worker:
-        row = measure(args.worker, args.image_size, args.batch, args.steps)
+        row = measure(
+            args.worker,
+            args.image_size,
+            args.batch,
+            args.steps,
+            train=not args.no_train,
+        )
         print(json.dumps(row))
         return row
 
-    unknown = sorted(set(args.models) - set(models.list_models()))
+    unknown = sorted(
+        {name.partition(":")[0] for name in args.models}
+        - set(models.list_models())
+    )
     if unknown:
         raise ValueError(f"Unknown `--models`: {unknown}")
     rows = []
@@ -305,6 +367,16 @@ def main(argv=None):
     print(f"wrote {args.csv} and {args.png}")
 
     by_name = {row["model"]: row for row in rows}
+    jumbo, registers = (
+        by_name.get("patchtst_jumbo"),
+        by_name.get("patchtst_registers"),
+    )
+    if jumbo and registers:
+        print(
+            "PatchTST+Jumbo / +Registers inference throughput: "
+            f"{jumbo['infer_img_s'] / registers['infer_img_s']:.2f} "
+            "(R from Proposition 1 matches the per-layer FLOPs)"
+        )
     for size in models.VIT_SIZES:
         jumbo = by_name.get(f"jumbo_vit_{size}")
         registers = by_name.get(f"registers_vit_{size}")
