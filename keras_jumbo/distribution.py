@@ -112,6 +112,9 @@ def distribution_scope(kind="none", model_axis_size=None, devices=None):
             "TensorFlow backend. "
             f"Received: KERAS_BACKEND={keras.backend.backend()!r}"
         )
+    # Unavoidable backend import: MirroredStrategy is TensorFlow's own API
+    # (keras.distribution covers JAX only); the backend check above means
+    # TensorFlow is installed.
     import tensorflow as tf
 
     return tf.distribute.MirroredStrategy(devices).scope()
