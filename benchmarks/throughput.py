@@ -21,8 +21,10 @@ the papers' (Jumbo Tables 5, 6 and 10; Non-Deep ViT Table 1; ViT-ResNAS
 Table 3), not measured here — the plot and the CSV say so; the
 throughput is ours.
 
-Defaults are GPU-sized (batch 512, 128 px); on a CPU:
-    KERAS_BACKEND=jax python benchmarks/throughput.py --batch 8 --steps 3
+Defaults are GPU-sized (every registered model, batch 512, 128 px); on a
+CPU, a subset of every family:
+    KERAS_BACKEND=jax python benchmarks/throughput.py --models cpu \
+        --batch 8 --steps 3 --image-size 224
     KERAS_BACKEND=jax python benchmarks/throughput.py --bf16 ...   # bfloat16
 """
 
@@ -42,7 +44,8 @@ import numpy as np  # noqa: E402
 
 from keras_jumbo import models  # noqa: E402
 
-DEFAULT_MODELS = (
+# `--models cpu`: one or more sizes of every family, small enough for a CPU.
+CPU_MODELS = (
     "jumbo_vit_pico",
     "jumbo_vit_nano",
     "jumbo_vit_tiny",
@@ -105,6 +108,16 @@ PAPER_TOP1 = {
     ("vit_resnas_small", 224): (81.7, "ViT-ResNAS Table 3"),
     ("vit_resnas_medium", 224): (82.4, "ViT-ResNAS Table 3"),
 }
+
+
+def all_models():
+    """Every registered model, plus the reparameterised Non-Deep ViTs."""
+    names = []
+    for name in models.list_models():
+        names.append(name)
+        if name.startswith("non_deep_vit"):
+            names.append(name + ":plain")
+    return names
 
 
 def _device_peak_bytes():
@@ -301,7 +314,13 @@ def plot(rows, path, title):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["all"],
+        help="registry names (name:plain = reparameterised Non-Deep ViT), "
+        "'all' (every registered model, the default) or 'cpu' (a subset)",
+    )
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--image-size", type=int, default=128)
@@ -326,6 +345,10 @@ def main(argv=None):
         print(json.dumps(row))
         return row
 
+    if args.models == ["all"]:
+        args.models = all_models()
+    elif args.models == ["cpu"]:
+        args.models = list(CPU_MODELS)
     unknown = sorted(
         {name.partition(":")[0] for name in args.models}
         - set(models.list_models())

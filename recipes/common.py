@@ -72,7 +72,9 @@ class ImageRecipe:
     total_steps)` adds recipe-specific callbacks; `finish(model, args,
     evaluate)` post-processes the trained model and returns extra results.
     `make_train_data(images, labels, recipe, args, kwargs)` replaces the
-    in-memory training batches (smoke); `evaluate(model, val)` replaces
+    in-memory training batches (smoke); `map_stream(images, labels, step,
+    total_steps)` maps every streamed training batch (`--data-dir`,
+    `--tfds`) to the model's inputs; `evaluate(model, val)` replaces
     top-1 accuracy of `model(images)` (and turns off validation in `fit`);
     `state` is scratch space shared by a recipe's hooks. `smoke` overrides
     fields for `--smoke`.
@@ -96,6 +98,7 @@ class ImageRecipe:
     callbacks: Callable | None = None
     finish: Callable | None = None
     make_train_data: Callable | None = None
+    map_stream: Callable | None = None
     evaluate: Callable | None = None
     state: dict = dataclasses.field(default_factory=dict)
     smoke: dict = dataclasses.field(default_factory=dict)
@@ -263,10 +266,17 @@ def load_data(recipe, args):
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
     )
+    if recipe.map_stream is not None:
+        train = _mapped(train, recipe.map_stream, steps * recipe.epochs)
     val = kj_data.augmented_batches(
         val_ds.map(one_hot), None, mean=IMAGENET_MEAN, std=IMAGENET_STD
     )
     return train, val, steps, num_classes, IMAGENET_MEAN, IMAGENET_STD
+
+
+def _mapped(batches, function, total_steps):
+    for step, (images, labels) in enumerate(batches):
+        yield function(images, labels, step, total_steps)
 
 
 def _one_hot_batches(num_classes):
@@ -358,6 +368,8 @@ def run(recipe, argv=None, description=None, extra_callbacks=()):
 
     train, val, steps, num_classes, _, _ = load_data(recipe, args)
     recipe.state["val"] = val
+    recipe.state["seed"] = args.seed
+    recipe.state["validation_steps"] = int(math.ceil(args.val_examples / 256))
     total_steps = steps * recipe.epochs
 
     with kj_distribution.distribution_scope(

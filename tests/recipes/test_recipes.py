@@ -282,3 +282,30 @@ def test_tfds_pipeline_reads_prepared_data_only(tmp_path):
     assert images.shape == (4, 16, 16, 1)
     np.testing.assert_allclose(labels.sum(-1), 1.0)
     assert images.min() >= 0.0 and images.max() <= 255.0
+
+
+def test_supernet_recipe_maps_streamed_batches_to_subnetworks(rng):
+    from keras_jumbo import nas
+    from recipes import vit_resnas_supernet
+
+    recipe = vit_resnas_supernet.recipe("tiny")
+    space = vit_resnas_supernet.smoke_space()
+    recipe.state.update(space=space, seed=0)
+    images = rng.normal(size=(16, 56, 56, 3)).astype("float32")
+    labels = np.eye(10, dtype="float32")[rng.integers(0, 10, 16)]
+    # Warm-up (first 25% of the steps): only the largest sub-network.
+    inputs, out_labels = recipe.map_stream(images, labels, 0, 100)
+    largest = np.asarray(space.encode(space.largest()))
+    np.testing.assert_array_equal(
+        inputs["architecture"], np.tile(largest, (16, 1))
+    )
+    np.testing.assert_array_equal(out_labels, labels)
+    # Afterwards any sub-network; a batch of 12 splits into 4 sub-batches.
+    inputs, _ = recipe.map_stream(images[:12], labels[:12], 60, 100)
+    codes = inputs["architecture"]
+    assert codes.shape == (12, len(largest))
+    assert len({tuple(row) for row in codes}) > 1
+    for row in codes:
+        space.validate(space.decode(row))
+    supernet = nas.build_supernet(space, num_classes=10, image_size=56)
+    assert supernet(inputs).shape == (12, 10)
