@@ -58,6 +58,19 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
 AUGMENTATIONS = ("three_augment", "rand_augment", "none")
+# DeiT's supervised ImageNet settings (Touvron et al., 2021), which the
+# Non-Deep ViT and ViT-ResNAS papers train with.
+DEIT = dict(
+    image_size=224,
+    batch_size=1024,
+    learning_rate=1e-3,
+    weight_decay=0.05,
+    end_learning_rate=1e-6,
+    clipnorm=None,
+    augmentation="rand_augment",
+    mixup_alpha=0.8,
+    cutmix_alpha=1.0,
+)
 
 
 @dataclasses.dataclass

@@ -73,17 +73,9 @@ def recipe(variant="6x2"):
     return common.ImageRecipe(
         name=f"non_deep_vit_{variant}",
         build_model=build,
-        image_size=224,
         epochs=48,
-        batch_size=1024,
-        learning_rate=1e-3,
-        weight_decay=0.05,
-        end_learning_rate=1e-6,
         warmup_fraction=5 / 300,
-        clipnorm=None,
-        augmentation="rand_augment",
-        mixup_alpha=0.8,
-        cutmix_alpha=1.0,
+        **common.DEIT,
         callbacks=join,
         finish=finish,
         smoke=dict(
