@@ -173,9 +173,15 @@ def recipe(space_name="tiny"):
     )
 
 
-def _arrays(val):
-    images, labels = zip(*(val[i] for i in range(len(val))), strict=False)
-    return np.concatenate(images), np.concatenate(labels)
+def _arrays(val, steps=None):
+    """All validation batches (in-memory, or `steps` of a stream)."""
+    if hasattr(val, "__len__"):
+        batches = [val[i] for i in range(len(val))]
+    else:
+        batches = [next(val) for _ in range(steps)]
+    images = np.concatenate([batch[0] for batch in batches])
+    labels = np.concatenate([batch[1] for batch in batches])
+    return images, labels
 
 
 def main(argv=None):

@@ -309,3 +309,26 @@ def test_supernet_recipe_maps_streamed_batches_to_subnetworks(rng):
         space.validate(space.decode(row))
     supernet = nas.build_supernet(space, num_classes=10, image_size=56)
     assert supernet(inputs).shape == (12, 10)
+
+
+def test_supernet_validation_arrays_from_memory_and_stream(rng):
+    from recipes import vit_resnas_supernet
+
+    batches = [
+        (rng.normal(size=(n, 4, 4, 1)), np.eye(3)[rng.integers(0, 3, n)])
+        for n in (5, 5, 2)
+    ]
+
+    class InMemory(keras.utils.PyDataset):
+        def __len__(self):
+            return len(batches)
+
+        def __getitem__(self, index):
+            return batches[index]
+
+    expected_images = np.concatenate([b[0] for b in batches])
+    expected_labels = np.concatenate([b[1] for b in batches])
+    for source, steps in ((InMemory(), None), (iter(batches * 2), 3)):
+        images, labels = vit_resnas_supernet._arrays(source, steps)
+        np.testing.assert_array_equal(images, expected_images)
+        np.testing.assert_array_equal(labels, expected_labels)
