@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README): lint, then the test suite on every
 # Keras backend -- the full suite on JAX (including the full-size parameter
-# counts), every layer/model/converter check on TensorFlow and PyTorch --
+# counts and the tests marked `once`, which start their own backend in a
+# subprocess), every layer/model/converter check on TensorFlow and PyTorch --
 # then short real runs of the main example and of every recipe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ export PYTHONHASHSEED=0
 status=0
 for backend in jax tensorflow torch; do
   marker=()
-  [ "$backend" = jax ] || marker=(-m "not large")
+  [ "$backend" = jax ] || marker=(-m "not large and not once")
   echo "=== pytest, KERAS_BACKEND=$backend ==="
   KERAS_BACKEND=$backend "$PYTHON" -m pytest -q -p no:warnings "${marker[@]}" tests \
     || status=1

@@ -177,10 +177,7 @@ def _run_distributed(backend, kinds):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "jax",
-    reason="keras.distribution is a JAX feature; runs in the JAX pass",
-)
+@pytest.mark.once
 def test_jax_data_and_model_parallel_match_single_device():
     losses = _run_distributed("jax", ["none", "data", "model"])
     np.testing.assert_allclose(losses["data"], losses["none"], rtol=1e-5)
@@ -188,10 +185,7 @@ def test_jax_data_and_model_parallel_match_single_device():
     assert "'model'" in losses["model_sharding"]  # the Jumbo FFN is split
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow",
-    reason="MirroredStrategy is a TensorFlow feature; runs in the TF pass",
-)
+@pytest.mark.once
 def test_tf_mirrored_strategy_matches_single_device():
     losses = _run_distributed("tensorflow", ["none", "mirrored"])
     np.testing.assert_allclose(losses["mirrored"], losses["none"], rtol=1e-4)
