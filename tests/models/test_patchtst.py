@@ -308,10 +308,10 @@ def test_bad_arguments_raise_naming_the_argument(builder, kwargs, match):
 
 def test_channel_count_mismatch_at_call_time():
     model = models.PatchTSTForecaster(48, 12, 2, patch_length=8, stride=4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"series.*expected shape.*48, 2"):
         model(np.zeros((1, 48, 3), "float32"))
     classifier = models.PatchTSTClassifier(3, 48, 2, **TINY)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"48 with 2 channels.*\(1, 48, 1\)"):
         classifier(np.zeros((1, 48, 1), "float32"))
 
 
