@@ -38,6 +38,13 @@ def jumbo_model():
     return model
 
 
+@pytest.fixture(scope="module")
+def jumbo_tflite(jumbo_model, tmp_path_factory):
+    """The float32 TFLite export of `jumbo_model`, converted once."""
+    path = tmp_path_factory.mktemp("jumbo") / "j.tflite"
+    return export_tflite(jumbo_model, path)
+
+
 def test_reparameterized_non_deep_vit_exports_exactly(plain_model, tmp_path):
     report = export_tflite(plain_model, tmp_path / "plain.tflite")
     assert report["max_abs_diff"] <= 1e-4
@@ -46,11 +53,8 @@ def test_reparameterized_non_deep_vit_exports_exactly(plain_model, tmp_path):
     assert report["max_abs_diff"] <= 1e-4
 
 
-def test_jumbo_vit_exports_exactly(jumbo_model, tmp_path):
-    assert (
-        export_tflite(jumbo_model, tmp_path / "j.tflite")["max_abs_diff"]
-        <= 1e-4
-    )
+def test_jumbo_vit_exports_exactly(jumbo_model, jumbo_tflite, tmp_path):
+    assert jumbo_tflite["max_abs_diff"] <= 1e-4
     assert export_onnx(jumbo_model, tmp_path / "j.onnx")["max_abs_diff"] <= 1e-4
 
 
@@ -98,9 +102,9 @@ def test_vit_res_and_extracted_subnet_export_exactly(tmp_path):
 
 @pytest.mark.parametrize("quantize", ["float16", "dynamic_int8"])
 def test_quantized_exports_stay_close_and_shrink(
-    jumbo_model, tmp_path, quantize
+    jumbo_model, jumbo_tflite, tmp_path, quantize
 ):
-    full = export_tflite(jumbo_model, tmp_path / "full.tflite")
+    full = jumbo_tflite
     small = export_tflite(
         jumbo_model, tmp_path / f"{quantize}.tflite", quantize=quantize
     )
