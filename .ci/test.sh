@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (README): lint, then the test suite on every
 # Keras backend -- the full suite on JAX (including the full-size parameter
-# counts and the tests marked `once`, which start their own backend in a
-# subprocess), every layer/model/converter check on TensorFlow and PyTorch --
+# counts, the tests marked `once`, which start their own backend in a
+# subprocess, and the docstring examples), every layer/model/converter check
+# on TensorFlow and PyTorch --
 # then short real runs of the main example and of every recipe.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,15 +16,21 @@ export PYTHONHASHSEED=0
 status=0
 for backend in jax tensorflow torch; do
   marker=()
+  doctests=()
   [ "$backend" = jax ] || marker=(-m "not large and not once")
+  # The docstring examples (>>>) run once, in the JAX pass.
+  [ "$backend" = jax ] && doctests=(--doctest-modules keras_jumbo)
   echo "=== pytest, KERAS_BACKEND=$backend ==="
-  KERAS_BACKEND=$backend "$PYTHON" -m pytest -q -p no:warnings "${marker[@]}" tests \
-    || status=1
+  KERAS_BACKEND=$backend "$PYTHON" -m pytest -q -p no:warnings "${marker[@]}" \
+    "${doctests[@]}" tests || status=1
 done
 
 echo "=== example smoke run (real Fashion-MNIST, JAX) ==="
 KERAS_BACKEND=jax CI=1 "$PYTHON" examples/train_fashion_mnist.py \
   --epochs 1 --train-examples 2048 || status=1
+echo "=== fine-tuning example smoke run (random-weight preset, offline) ==="
+KERAS_BACKEND=jax CI=1 "$PYTHON" examples/finetune_pretrained.py \
+  --random-preset --epochs 1 --train-examples 1024 || status=1
 echo "=== time-series recipe smoke run (real GunPoint, Appliances Energy) ==="
 KERAS_BACKEND=jax "$PYTHON" -m recipes.time_series --smoke || status=1
 echo "=== image recipe smoke runs (real Fashion-MNIST) ==="

@@ -7,6 +7,8 @@ from keras_jumbo import layers
 from keras_jumbo import losses
 from keras_jumbo import models
 from keras_jumbo import nas
+from keras_jumbo import presets
+from keras_jumbo import schedules
 from keras_jumbo.version import __version__
 
 __all__ = [
@@ -18,4 +20,6 @@ __all__ = [
     "losses",
     "models",
     "nas",
+    "presets",
+    "schedules",
 ]

@@ -53,6 +53,7 @@ from keras_jumbo import data as kj_data
 from keras_jumbo import distribution as kj_distribution
 from keras_jumbo import losses as kj_losses
 from keras_jumbo import models as kj_models
+from keras_jumbo.schedules import warmup_cosine
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -118,19 +119,6 @@ class ImageRecipe:
 
     def for_smoke(self):
         return dataclasses.replace(self, **self.smoke)
-
-
-def warmup_cosine(learning_rate, total_steps, warmup_fraction, end):
-    """Linear warm-up over `warmup_fraction` of the steps to
-    `learning_rate`, then cosine decay to `end` (Keras' `CosineDecay`)."""
-    warmup = max(1, int(round(warmup_fraction * total_steps)))
-    return keras.optimizers.schedules.CosineDecay(
-        0.0,
-        decay_steps=max(1, total_steps - warmup),
-        alpha=end / learning_rate,
-        warmup_target=learning_rate,
-        warmup_steps=warmup,
-    )
 
 
 def parser(recipe, description):

@@ -43,6 +43,7 @@ import numpy as np
 
 from keras_jumbo import data
 from keras_jumbo import models
+from keras_jumbo.schedules import warmup_cosine
 
 CLASSIFIERS = ("patchtst", "patchtst_registers", "patchtst_jumbo")
 LEARNING_RATES = (3e-3, 1e-3, 3e-4, 1e-4)
@@ -54,24 +55,12 @@ SHORT_NAMES = {
 }
 
 
-def warmup_cosine(learning_rate, total_steps, warmup_fraction=0.1, end=1e-8):
-    """Linear warm-up over `warmup_fraction` of the steps, then cosine decay
-    to `end` (Jumbo paper A.2.2), as Keras' own `CosineDecay`."""
-    warmup = max(1, int(round(warmup_fraction * total_steps)))
-    return keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0,
-        decay_steps=max(1, total_steps - warmup),
-        alpha=end / learning_rate,
-        warmup_target=learning_rate,
-        warmup_steps=warmup,
-    )
-
-
 def compile_classifier(model, learning_rate, total_steps):
     """AdamW (wd 0.02), warm-up + cosine, cross-entropy on logits."""
     model.compile(
         optimizer=keras.optimizers.AdamW(
-            warmup_cosine(learning_rate, total_steps), weight_decay=0.02
+            warmup_cosine(learning_rate, total_steps, end=1e-8),
+            weight_decay=0.02,
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],

@@ -9,7 +9,7 @@ from recipes import time_series as recipe
 
 def test_warmup_then_cosine_to_1e_8():
     """A.2.2: linear warm-up over 10% of the steps, cosine decay to 1e-8."""
-    schedule = recipe.warmup_cosine(1e-3, total_steps=1000)
+    schedule = recipe.warmup_cosine(1e-3, total_steps=1000, end=1e-8)
     lr = lambda step: float(keras.ops.convert_to_numpy(schedule(step)))  # noqa
     assert lr(0) == 0.0
     assert lr(50) == pytest.approx(0.5e-3, rel=1e-5)

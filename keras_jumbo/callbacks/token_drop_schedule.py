@@ -1,8 +1,8 @@
 import keras
 
+from keras_jumbo._keras_internals import find_layers
 from keras_jumbo.layers import TokenDropping
 from keras_jumbo.layers._utils import check_rate
-from keras_jumbo.layers._utils import find_layers
 
 
 def token_dropping_layers(model):

@@ -1,6 +1,7 @@
 """Reading and setting the joining weight λ of a branchy model."""
 
-from keras_jumbo.layers._utils import find_layers
+from keras_jumbo._keras_internals import find_layers
+from keras_jumbo._keras_internals import sync_state
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 
 
@@ -18,16 +19,12 @@ def set_join_lambda(model, value):
     value = float(value)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"λ must be in [0, 1]. Received: value={value}")
-    sync = getattr(model, "jax_state_sync", None)
-    if sync is not None:
-        sync()
+    sync_state(model)
     for layer in join_layers(model):
         layer.join_lambda.assign(value)
 
 
 def get_join_lambda(model):
     """The λ values of the model's join layers (a list, one per layer)."""
-    sync = getattr(model, "jax_state_sync", None)
-    if sync is not None:
-        sync()
+    sync_state(model)
     return [float(layer.join_lambda.numpy()) for layer in join_layers(model)]

@@ -14,12 +14,8 @@ import os
 
 import numpy as np
 
-from keras_jumbo.layers import JumboToken
-from keras_jumbo.layers import PatchEmbedding
-from keras_jumbo.layers import PositionEmbedding
-from keras_jumbo.layers import TransformerEncoder
 from keras_jumbo.models.vision_transformer import JumboViT
-from keras_jumbo.models.vision_transformer import TokenPooling
+from keras_jumbo.models.vit_sizes import VIT_SIZES
 
 OFFICIAL_LAYER_NORM_EPSILON = 1e-5
 IGNORED_KEYS = ("cls_token",)
@@ -40,7 +36,8 @@ def official_jumbo_model(
     )
 
 
-def _read_state_dict(state_dict):
+def read_state_dict(state_dict):
+    """A checkpoint (path or mapping) as `{name: float32 numpy array}`."""
     if isinstance(state_dict, (str, os.PathLike)):
         try:
             import torch
@@ -49,9 +46,24 @@ def _read_state_dict(state_dict):
                 "Reading a .pth checkpoint needs PyTorch: "
                 "`pip install torch==2.13.0` (or pass a dict of arrays)."
             ) from error
-        state_dict = torch.load(
-            os.fspath(state_dict), map_location="cpu", weights_only=True
-        )
+        path = os.fspath(state_dict)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"No checkpoint file at state_dict={path!r}"
+            )
+        try:
+            state_dict = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise ValueError(
+                f"Could not read the checkpoint {path!r}: the file is "
+                "corrupt, truncated or not a PyTorch state dict "
+                f"({type(error).__name__}: {str(error)[:200]})"
+            ) from error
+        if not isinstance(state_dict, dict):
+            raise ValueError(
+                f"The checkpoint {path!r} holds a "
+                f"{type(state_dict).__name__}, not a state dict"
+            )
         if "model" in state_dict and isinstance(state_dict["model"], dict):
             state_dict = state_dict["model"]
     if not hasattr(state_dict, "items"):
@@ -68,17 +80,7 @@ def _read_state_dict(state_dict):
     return arrays
 
 
-def _find(model, kind):
-    found = [layer for layer in model.layers if isinstance(layer, kind)]
-    if len(found) != 1:
-        raise ValueError(
-            f"Expected one {kind.__name__} layer in the model. Received: "
-            f"model with {len(found)}"
-        )
-    return found[0]
-
-
-def load_official_jumbo(model, state_dict):
+def load_official_jumbo(model, state_dict, *, skip_head=False):
     """Copy an official Jumbo state dict into `model`, exactly.
 
     Args:
@@ -88,16 +90,19 @@ def load_official_jumbo(model, state_dict):
             reproduce the official outputs.
         state_dict: mapping name -> array (numpy or torch tensors), or the
             path to a `.pth` file (read with torch when installed).
+        skip_head: bool; with `include_top=False` models, leave the
+            checkpoint's head out instead of raising.
 
     Returns:
         `model`, with its weights set.
 
     Raises:
+        TypeError: `model` is not a `JumboViT`.
         ValueError: the model's structure or a tensor's shape does not
             match the checkpoint (the message names the key), or keys are
             missing/unexpected.
     """
-    sd = _read_state_dict(state_dict)
+    sd = read_state_dict(state_dict)
     used = set(IGNORED_KEYS) & set(sd)
 
     def take(key, shape=None):
@@ -128,42 +133,49 @@ def load_official_jumbo(model, state_dict):
         assign(layer.gamma, take(prefix + ".weight"), prefix + ".weight")
         assign(layer.beta, take(prefix + ".bias"), prefix + ".bias")
 
-    pooling = _find(model, TokenPooling)
-    encoder = _find(model, TransformerEncoder)
-    if pooling.mode != "official" or encoder.shared_jumbo_mlp is None:
+    if not isinstance(model, JumboViT):
+        raise TypeError(
+            "`model` must be a JumboViT built like the official release "
+            "(`official_jumbo_model(size, ...)`). Received: "
+            f"{type(model).__name__}"
+        )
+    if model.head != "official" or not model.share_jumbo_mlp:
         raise ValueError(
             "The official checkpoint needs JumboViT(head='official', "
-            "share_jumbo_mlp=True). Received: head="
-            f"{pooling.mode!r}, share_jumbo_mlp={encoder.share_jumbo_mlp}"
+            f"share_jumbo_mlp=True). Received: head={model.head!r}, "
+            f"share_jumbo_mlp={model.share_jumbo_mlp}"
         )
-    if encoder.layer_scale_init_value is not None:
+    if model.layer_scale_init_value is not None:
         raise ValueError(
             "The official Jumbo blocks have no LayerScale. Received: "
-            f"layer_scale_init_value={encoder.layer_scale_init_value}"
+            f"layer_scale_init_value={model.layer_scale_init_value}"
         )
 
-    patch = _find(model, PatchEmbedding)
+    # Checkpoint shapes first, as stored (before any reshape), so an error
+    # names the checkpoint's own shape.
+    dim = model.hidden_dim
+    rows, cols = model.grid_size
+    pos = take("pos_embed", (1, rows * cols, dim))
+    jumbo = take("jumbo_token", (1, model.jumbo_multiplier, dim))
+
     weight = take("patch_embed.proj.weight")  # (D, C, ph, pw)
+    projection = model.patch_embedding.projection
     assign(
-        patch.projection.kernel,
+        projection.kernel,
         weight.transpose(2, 3, 1, 0),
         "patch_embed.proj.weight",
     )
     assign(
-        patch.projection.bias,
-        take("patch_embed.proj.bias"),
-        "patch_embed.proj.bias",
+        projection.bias, take("patch_embed.proj.bias"), "patch_embed.proj.bias"
     )
-    position = _find(model, PositionEmbedding)
-    pos = take("pos_embed")[0]
     assign(
-        position.embeddings,
-        pos.reshape(*position.grid_size, -1),
+        model.position_embedding.embeddings,
+        pos[0].reshape(rows, cols, dim),
         "pos_embed",
     )
-    jumbo = _find(model, JumboToken)
-    assign(jumbo.tokens, take("jumbo_token").reshape(-1), "jumbo_token")
+    assign(model.jumbo_token.tokens, jumbo.reshape(-1), "jumbo_token")
 
+    encoder = model.encoder
     for index, block in enumerate(encoder.blocks):
         prefix = f"blocks.{index}."
         norm(block.norm1, prefix + "norm1")
@@ -175,8 +187,16 @@ def load_official_jumbo(model, state_dict):
         norm(block.norm3, prefix + "norm3")
     linear(encoder.shared_jumbo_mlp.fc1, "jumbo_mlp.fc1")
     linear(encoder.shared_jumbo_mlp.fc2, "jumbo_mlp.fc2")
-    norm(model.get_layer("final_norm"), "norm")
-    linear(model.get_layer("head"), "head")
+    norm(model.final_norm, "norm")
+    if model.classifier is not None:
+        linear(model.classifier, "head")
+    elif not skip_head:
+        raise ValueError(
+            "The model has no head (include_top=False) but the checkpoint "
+            "has one; pass skip_head=True to leave it out."
+        )
+    else:
+        used.update(key for key in ("head.weight", "head.bias") if key in sd)
 
     unexpected = sorted(set(sd) - used)
     if unexpected:
@@ -185,3 +205,45 @@ def load_official_jumbo(model, state_dict):
             f"them; check depth and sizes): {unexpected[:8]}"
         )
     return model
+
+
+def official_config(state_dict):
+    """The `official_jumbo_model` arguments a checkpoint was trained with.
+
+    Read from the tensor shapes: width from the patch projection (the size
+    of that width in `VIT_SIZES`), J from `jumbo_token`, classes from
+    `head.weight`, image size from `pos_embed` (square grid, patch 16 as
+    every official size). Returns `{"size", "num_classes", "image_size"}`.
+    """
+    sd = read_state_dict(state_dict)
+    missing = [
+        key
+        for key in ("patch_embed.proj.weight", "pos_embed", "jumbo_token")
+        if key not in sd
+    ]
+    if missing:
+        raise ValueError(
+            "Not an official Jumbo checkpoint: missing keys "
+            f"{missing}. Received keys: {sorted(sd)[:8]}"
+        )
+    dim, _, patch, _ = sd["patch_embed.proj.weight"].shape
+    sizes = [
+        name for name, spec in VIT_SIZES.items() if spec["hidden_dim"] == dim
+    ]
+    if not sizes:
+        raise ValueError(
+            "The checkpoint's width matches no Jumbo size "
+            f"({ {k: v['hidden_dim'] for k, v in VIT_SIZES.items()} }). "
+            f"Received: width {dim}"
+        )
+    num_tokens = sd["pos_embed"].shape[1]
+    side = int(round(num_tokens**0.5))
+    if side * side != num_tokens:
+        raise ValueError(
+            "The checkpoint's position embedding is not a square grid. "
+            f"Received: pos_embed of shape {tuple(sd['pos_embed'].shape)}"
+        )
+    config = {"size": sizes[0], "image_size": side * patch}
+    if "head.weight" in sd:
+        config["num_classes"] = int(sd["head.weight"].shape[0])
+    return config

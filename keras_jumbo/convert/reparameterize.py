@@ -3,23 +3,18 @@
 import keras
 import numpy as np
 
-from keras_jumbo.convert.join import get_join_lambda
-from keras_jumbo.convert.join import join_layers
+from keras_jumbo._keras_internals import sync_state
 from keras_jumbo.layers import ClassToken
-from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.layers import TokenPooling
+from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import get_activation
-from keras_jumbo.models.vision_transformer import TokenPooling
+from keras_jumbo.models.non_deep_vit import NonDeepViT
 
 
 def _np(variable):
     return keras.ops.convert_to_numpy(variable).astype("float64")
-
-
-def _one(model, kind):
-    found = [layer for layer in model.layers if isinstance(layer, kind)]
-    return found[0] if found else None
 
 
 def merged_block_weights(block):
@@ -92,7 +87,7 @@ def _pad_values(weights, width):
 
 
 def reparameterize(
-    model, force=False, absorb_layer_norm=True, pad_values="auto"
+    model, force=False, absorb_layer_norm=True, pad_values=False
 ):
     """Return a plain shallow ViT computing what the branchy model does at λ=1.
 
@@ -110,52 +105,48 @@ def reparameterize(
         absorb_layer_norm: fold every LayerNorm's γ and β into the next
             linear layer (q/k/v projections, first FFN layer, head; §3.2
             eq. 1), leaving parameter-free LayerNorms. Exact.
-        pad_values: `"auto"`, True or False. Keras 3.15's JAX attention
-            path fails when the value width differs from the key width
-            (`jax.nn.dot_product_attention` needs equal widths and Keras'
-            fallback mis-reshapes), so on JAX (`"auto"`) the value
-            projection is zero-padded from d_v to n·d_k: still exact, but
-            the value and A·V products cost n times more. Reparameterise
-            under TensorFlow or PyTorch (or pass False) for the lean model,
-            e.g. before TFLite export.
+        pad_values: bool. False (default): the lean model, value width d_v
+            (the branches' value kernels summed). True zero-pads the value
+            projection from d_v to the key width n·d_k: still exact, but
+            the value and A·V products cost n times more (kept for
+            comparison with earlier releases). The attention is called
+            with `return_attention_scores=True`, Keras' einsum path, so the
+            lean model runs on every backend (JAX's fused
+            `dot_product_attention` needs equal key and value widths).
 
     Returns:
         A new functional `keras.Model`.
     """
+    if not isinstance(model, NonDeepViT):
+        raise TypeError(
+            "`model` must be a NonDeepViT model (load a saved one with "
+            "`keras.saving.load_model` first). Received: model="
+            f"{model!r:.80} of type {type(model).__name__}"
+        )
+    check_bool("force", force)
+    check_bool("absorb_layer_norm", absorb_layer_norm)
+    check_bool("pad_values", pad_values)
+    blocks = model.blocks
+    sync_state(model)
     # λ matters only where there is more than one branch to join.
     lambdas = [
-        lam
-        for lam, layer in zip(
-            get_join_lambda(model), join_layers(model), strict=True
-        )
-        if layer.num_branches > 1
+        float(keras.ops.convert_to_numpy(join.join_lambda))
+        for block in blocks
+        if block.num_branches > 1
+        for join in (block.attention.join, block.mlp_join)
     ]
-    blocks = [
-        layer
-        for layer in model.layers
-        if isinstance(layer, ParallelBranchBlock)
-    ]
-    if not blocks:
-        raise ValueError(
-            "reparameterize expects a model with ParallelBranchBlock layers "
-            f"(a NonDeepViT). Received: model {model.name!r} with none"
-        )
     if not force and any(abs(lam - 1.0) > 1e-6 for lam in lambdas):
         raise ValueError(
             "The branches are joined exactly only at λ=1 (finish the "
             "JoinSchedule, or pass force=True to get the λ=1 function). "
             f"Received: λ values {sorted(set(lambdas))}"
         )
-    patch = _one(model, PatchEmbedding)
-    position = _one(model, PositionEmbedding)
-    class_token = _one(model, ClassToken)
-    pooling = _one(model, TokenPooling)
-    final_norm = model.get_layer("final_norm")
-    head = (
-        model.get_layer("head")
-        if "head" in [layer.name for layer in model.layers]
-        else None
-    )
+    patch = model.patch_embedding
+    position = model.position_embedding
+    class_token = model.class_token
+    pooling = model.pooling
+    final_norm = model.final_norm
+    head = model.classifier
 
     # === Functional Model (stock layers) ===
     inputs = keras.Input(shape=model.inputs[0].shape[1:], name="images")
@@ -168,8 +159,6 @@ def reparameterize(
     if class_token is not None:
         new_class_token = ClassToken.from_config(class_token.get_config())
         x = new_class_token(x)
-    if pad_values == "auto":
-        pad_values = keras.backend.backend() == "jax"
     assignments = []
     for index, block in enumerate(blocks):
         w = merged_block_weights(block)
@@ -191,7 +180,9 @@ def reparameterize(
             name=f"block_{index}_attention",
         )
         h = norm1(x)
-        x = keras.layers.Add(name=f"block_{index}_add1")([x, attention(h, h)])
+        # Keras' einsum attention path: any key/value widths, every backend.
+        h, _ = attention(h, h, return_attention_scores=True)
+        x = keras.layers.Add(name=f"block_{index}_add1")([x, h])
         norm2 = keras.layers.LayerNormalization(
             epsilon=eps, center=affine, scale=affine, name=f"block_{index}_ln2"
         )
@@ -247,18 +238,18 @@ def reparameterize(
         else:
             norm1.set_weights(list(w["norm1"]))
             norm2.set_weights(list(w["norm2"]))
-        dense = {
-            "query": attention._query_dense,
-            "key": attention._key_dense,
-            "value": attention._value_dense,
-        }
-        for name in names:
-            dense[name].kernel.assign(kernels[name])
-            if attention._use_bias:
-                dense[name].bias.assign(biases[name])
-        attention._output_dense.kernel.assign(w["output_kernel"])
-        if attention._use_bias:
-            attention._output_dense.bias.assign(w["output_bias"])
+        # MultiHeadAttention's weights: query, key, value, output
+        # projections, each kernel then bias (its build order).
+        values = []
+        for name in (*names, "output"):
+            values.append(
+                w["output_kernel"] if name == "output" else kernels[name]
+            )
+            if block.attention.use_bias:
+                values.append(
+                    w["output_bias"] if name == "output" else biases[name]
+                )
+        attention.set_weights(values)
         fc1.set_weights([fc1_kernel, fc1_bias])
         fc2.set_weights([w["fc2_kernel"], w["fc2_bias"]])
     gamma, beta = _np(final_norm.gamma), _np(final_norm.beta)

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_jumbo._keras_internals import sublayers
 from keras_jumbo.layers._utils import check_positive_int
 
 # Augmentation runs in float32 whatever the global (mixed) policy is.
@@ -22,10 +23,7 @@ _F32 = "float32"
 def seed_generators(layer):
     """Every `keras.random.SeedGenerator` owned by `layer` or its sublayers."""
     found = []
-    layers = [layer]
-    if hasattr(layer, "_flatten_layers"):
-        layers = list(layer._flatten_layers(include_self=True))
-    for item in layers:
+    for item in sublayers(layer, include_self=True):
         for value in vars(item).values():
             if isinstance(value, keras.random.SeedGenerator) and not any(
                 value is other for other in found

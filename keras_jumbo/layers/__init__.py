@@ -4,6 +4,7 @@ from keras_jumbo.layers.attention import MultiHeadSelfAttention
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.class_token import ClassToken
 from keras_jumbo.layers.fold_channels import FoldChannels
+from keras_jumbo.layers.imagenet_preprocessing import ImageNetPreprocessing
 from keras_jumbo.layers.jumbo_token import JumboToken
 from keras_jumbo.layers.jumbo_token import jumbo_merge
 from keras_jumbo.layers.jumbo_token import jumbo_split
@@ -26,6 +27,7 @@ from keras_jumbo.layers.residual_spatial_reduction import (
 from keras_jumbo.layers.revin import RevIN
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 from keras_jumbo.layers.token_dropping import TokenDropping
+from keras_jumbo.layers.token_pooling import TokenPooling
 from keras_jumbo.layers.transformer_block import TransformerBlock
 from keras_jumbo.layers.transformer_encoder import TransformerEncoder
 
@@ -35,6 +37,7 @@ __all__ = [
     "ProgressiveJoin",
     "ClassToken",
     "FoldChannels",
+    "ImageNetPreprocessing",
     "MultiScalePatchFusion",
     "PatchEmbedding1D",
     "RevIN",
@@ -52,6 +55,7 @@ __all__ = [
     "Registers",
     "StochasticDepth",
     "TokenDropping",
+    "TokenPooling",
     "TransformerBlock",
     "TransformerEncoder",
     "jumbo_merge",

@@ -119,12 +119,3 @@ def standardize_data_format(data_format):
     return check_choice(
         "data_format", data_format, {"channels_last", "channels_first"}
     )
-
-
-def find_layers(model, kind):
-    """Every layer of type `kind` inside `model`, nested layers included."""
-    return [
-        layer
-        for layer in model._flatten_layers(include_self=False)
-        if isinstance(layer, kind)
-    ]

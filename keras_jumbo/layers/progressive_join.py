@@ -33,7 +33,9 @@ class ProgressiveJoin(keras.layers.Layer):
 
     Example:
     >>> join = ProgressiveJoin(2, initial_lambda=1.0, branch_axis=0)
-    >>> join(np.array([[1.0], [2.0]]))  # both branches get 1 + 2
+    >>> np.asarray(join(np.array([[1.0], [2.0]])))  # both get 1 + 2
+    array([[3.],
+           [3.]], dtype=float32)
     """
 
     def __init__(

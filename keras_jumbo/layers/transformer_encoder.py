@@ -155,9 +155,11 @@ class TransformerEncoder(keras.layers.Layer):
             )
 
     def _drop_path(self, index):
-        if self.drop_path_schedule == "constant" or self.depth == 1:
-            return self.drop_path_rate
-        return self.drop_path_rate * index / (self.depth - 1)
+        from keras_jumbo.schedules import drop_path_rates
+
+        return drop_path_rates(
+            self.drop_path_rate, self.depth, self.drop_path_schedule
+        )[index]
 
     def build(self, input_shape):
         for block in self.blocks:

@@ -1,5 +1,6 @@
-"""Functional model builders and the model registry."""
+"""Model classes, the model registry, presets and MAC counting."""
 
+from keras_jumbo.layers import TokenPooling
 from keras_jumbo.models.macs import count_macs
 from keras_jumbo.models.macs import mac_report
 from keras_jumbo.models.macs import register_mac_rule
@@ -14,12 +15,13 @@ from keras_jumbo.models.registry import list_models
 from keras_jumbo.models.registry import register_model
 from keras_jumbo.models.vision_transformer import JumboViT
 from keras_jumbo.models.vision_transformer import RegistersViT
-from keras_jumbo.models.vision_transformer import TokenPooling
 from keras_jumbo.models.vision_transformer import ViT
+from keras_jumbo.models.vision_transformer import with_config
 from keras_jumbo.models.vision_transformer import with_image_size
 from keras_jumbo.models.vit_res import ViTRes
 from keras_jumbo.models.vit_res import ViTResNAS
 from keras_jumbo.models.vit_sizes import VIT_SIZES
+from keras_jumbo.presets import list_presets
 
 __all__ = [
     "JumboViT",
@@ -41,5 +43,7 @@ __all__ = [
     "register_model",
     "registers_matching_jumbo_flops",
     "resolve_scales",
+    "list_presets",
+    "with_config",
     "with_image_size",
 ]

@@ -32,6 +32,8 @@ import math
 
 import keras
 
+from keras_jumbo._keras_internals import graph_nodes
+from keras_jumbo._keras_internals import is_functional
 from keras_jumbo.layers import MLP
 from keras_jumbo.layers import BlockwiseMHSA
 from keras_jumbo.layers import FoldChannels
@@ -123,7 +125,7 @@ def layer_macs(layer, input_shapes, output_shape=None):
             input_shapes[0] if len(input_shapes) == 1 else input_shapes
         )
     output_shape = _shape(output_shape)
-    if isinstance(layer, keras.Model) and hasattr(layer, "_nodes_by_depth"):
+    if isinstance(layer, keras.Model) and is_functional(layer):
         return count_macs(layer)
     rule = _rule_for(layer)
     if rule is not None:
@@ -140,9 +142,7 @@ def layer_macs(layer, input_shapes, output_shape=None):
 
 def mac_report(model):
     """`[(layer_name, layer_type, macs), ...]` in graph order (batch 1)."""
-    if not isinstance(model, keras.Model) or not hasattr(
-        model, "_nodes_by_depth"
-    ):
+    if not isinstance(model, keras.Model) or not is_functional(model):
         raise TypeError(
             "count_macs takes a functional keras.Model (every keras_jumbo "
             f"builder returns one). Received: model={type(model).__name__}"
@@ -150,33 +150,32 @@ def mac_report(model):
     rows = []
     # Examples per model example that each tensor's batch axis holds.
     factors = {}
-    for depth in sorted(model._nodes_by_depth, reverse=True):
-        for node in model._nodes_by_depth[depth]:
-            layer = node.operation
-            factor = max(
+    for node in graph_nodes(model):
+        layer = node.operation
+        factor = max(
+            (factors.get(id(t), 1) for t in node.input_tensors),
+            default=1,
+        )
+        if isinstance(layer, FoldChannels):
+            if layer.inverse:
+                factor //= layer.num_channels
+            else:
+                factor *= layer.num_channels
+        for tensor in node.output_tensors:
+            factors[id(tensor)] = factor
+        if not isinstance(layer, keras.layers.Layer):
+            continue
+        inputs = [t.shape for t in node.input_tensors]
+        if not inputs:
+            continue
+        outputs = [t.shape for t in node.output_tensors]
+        macs = layer_macs(layer, inputs, outputs[0])
+        if not isinstance(layer, FoldChannels):
+            macs *= max(
                 (factors.get(id(t), 1) for t in node.input_tensors),
                 default=1,
             )
-            if isinstance(layer, FoldChannels):
-                if layer.inverse:
-                    factor //= layer.num_channels
-                else:
-                    factor *= layer.num_channels
-            for tensor in node.output_tensors:
-                factors[id(tensor)] = factor
-            if not isinstance(layer, keras.layers.Layer):
-                continue
-            inputs = [t.shape for t in node.input_tensors]
-            if not inputs:
-                continue
-            outputs = [t.shape for t in node.output_tensors]
-            macs = layer_macs(layer, inputs, outputs[0])
-            if not isinstance(layer, FoldChannels):
-                macs *= max(
-                    (factors.get(id(t), 1) for t in node.input_tensors),
-                    default=1,
-                )
-            rows.append((layer.name, type(layer).__name__, macs))
+        rows.append((layer.name, type(layer).__name__, macs))
     return rows
 
 
@@ -193,7 +192,9 @@ def count_macs(model):
         2 * MACs).
 
     Example:
+    >>> from keras_jumbo.models import ViT
     >>> count_macs(ViT("tiny", head="avg", use_class_token=False))
+    1246563840
     """
     return sum(macs for _, _, macs in mac_report(model))
 
@@ -333,7 +334,8 @@ def _blockwise_rule(layer, input_shapes, output_shape):
     shape = input_shapes[0]
     length, dim = shape[1], shape[-1]
     heads = layer.num_heads
-    key_dim, value_dim = layer._key_dim, layer._value_dim
+    key_dim = layer.query_kernel.shape[-1]
+    value_dim = layer.value_kernel.shape[-1]
     per_branch = (
         _dense(length, dim, heads * (2 * key_dim + value_dim))
         + _attention(length, length, heads, key_dim, value_dim)

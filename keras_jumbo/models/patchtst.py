@@ -17,13 +17,15 @@ from keras_jumbo.layers import PatchEmbedding1D
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import Registers
 from keras_jumbo.layers import RevIN
+from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import TransformerEncoder
 from keras_jumbo.layers import num_patches as count_patches
 from keras_jumbo.layers import patching_for_num_patches
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
-from keras_jumbo.models.vision_transformer import TokenPooling
+from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.models.base import constructor_arguments
 
 
 def registers_matching_jumbo_flops(width, num_patches, jumbo_multiplier):
@@ -156,35 +158,8 @@ def _series_input(sequence_length, num_channels):
     return keras.Input((sequence_length, num_channels), name="series")
 
 
-def PatchTSTClassifier(
-    num_classes=2,
-    sequence_length=128,
-    num_channels=1,
-    *,
-    num_patches=8,
-    patch_length=None,
-    stride=None,
-    padding="end",
-    hidden_dim=128,
-    num_heads=16,
-    depth=3,
-    mlp_dim=256,
-    num_registers=0,
-    matched_jumbo_multiplier=4,
-    jumbo_multiplier=0,
-    jumbo_mlp_dim=None,
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-    drop_path_rate=0.0,
-    head_dropout_rate=0.0,
-    normalization="layer_norm",
-    norm_first=True,
-    residual_attention=False,
-    instance_norm=False,
-    layer_norm_epsilon=1e-6,
-    activation="gelu",
-    name=None,
-):
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class PatchTSTClassifier(ConfiguredModel):
     """PatchTST classifier with a CLS token, registers or a Jumbo token.
 
     The Jumbo paper's time-series setup (§4.3, A.2.2-A.2.3): every channel
@@ -232,89 +207,118 @@ def PatchTSTClassifier(
         activation: FFN activation.
         name: model name.
 
-    Returns:
-        A functional `keras.Model` from `(batch, L, C)` series to logits.
+    The model maps `(batch, L, C)` series to logits; `get_config()` is its
+    arguments (with `num_registers="auto"` and `jumbo_mlp_dim` resolved).
 
     Example:
     >>> model = PatchTSTClassifier(4, 96, 3, jumbo_multiplier=4)
     >>> model(np.zeros((2, 96, 3))).shape
     (2, 4)
     """
-    check_positive_int("num_classes", num_classes)
-    check_rate("head_dropout_rate", head_dropout_rate)
-    check_positive_int("jumbo_multiplier", jumbo_multiplier, allow_zero=True)
-    patching = _patching(
-        sequence_length, patch_length, stride, padding, num_patches
-    )
-    series = _series_input(sequence_length, num_channels)
-    patches = count_patches(sequence_length, **patching)
-    if num_registers == "auto":
-        num_registers = registers_matching_jumbo_flops(
-            hidden_dim, patches, matched_jumbo_multiplier
+
+    def __init__(
+        self,
+        num_classes=2,
+        sequence_length=128,
+        num_channels=1,
+        *,
+        num_patches=8,
+        patch_length=None,
+        stride=None,
+        padding="end",
+        hidden_dim=128,
+        num_heads=16,
+        depth=3,
+        mlp_dim=256,
+        num_registers=0,
+        matched_jumbo_multiplier=4,
+        jumbo_multiplier=0,
+        jumbo_mlp_dim=None,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        head_dropout_rate=0.0,
+        normalization="layer_norm",
+        norm_first=True,
+        residual_attention=False,
+        instance_norm=False,
+        layer_norm_epsilon=1e-6,
+        activation="gelu",
+        name=None,
+        **kwargs,
+    ):
+        config = constructor_arguments(locals())
+        check_positive_int("num_classes", num_classes)
+        check_rate("head_dropout_rate", head_dropout_rate)
+        check_positive_int(
+            "jumbo_multiplier", jumbo_multiplier, allow_zero=True
         )
-    check_positive_int("num_registers", num_registers, allow_zero=True)
-    if jumbo_multiplier and num_registers:
-        raise ValueError(
-            "A Jumbo model has no registers. Received: "
-            f"jumbo_multiplier={jumbo_multiplier}, "
-            f"num_registers={num_registers}"
+        patching = _patching(
+            sequence_length, patch_length, stride, padding, num_patches
         )
-    if jumbo_multiplier and jumbo_mlp_dim is None:
-        jumbo_mlp_dim = jumbo_multiplier * mlp_dim
-    x = series
-    if instance_norm:
-        x = RevIN(name="instance_norm")(x)
-    x = _backbone(
-        x,
-        patching,
-        num_channels=num_channels,
-        hidden_dim=hidden_dim,
-        num_heads=num_heads,
-        depth=depth,
-        mlp_dim=mlp_dim,
-        use_class_token=not jumbo_multiplier,
-        num_registers=num_registers,
-        jumbo_multiplier=jumbo_multiplier,
-        jumbo_mlp_dim=jumbo_mlp_dim,
-        dropout_rate=dropout_rate,
-        attention_dropout_rate=attention_dropout_rate,
-        drop_path_rate=drop_path_rate,
-        normalization=normalization,
-        norm_first=norm_first,
-        residual_attention=residual_attention,
-        layer_norm_epsilon=layer_norm_epsilon,
-        activation=activation,
-    )
-    if norm_first:
-        x = keras.layers.LayerNormalization(
-            epsilon=layer_norm_epsilon, name="final_norm"
-        )(x)
-    if jumbo_multiplier:
-        x = TokenPooling("jumbo_avg", jumbo_multiplier, name="pooling")(x)
-    else:
-        x = TokenPooling("token", 1 + num_registers, name="pooling")(x)
-    x = FoldChannels(num_channels, inverse=True, name="unfold_channels")(x)
-    x = keras.layers.Flatten(name="concat_channels")(x)
-    if head_dropout_rate:
-        x = keras.layers.Dropout(head_dropout_rate, name="head_dropout")(x)
-    logits = keras.layers.Dense(
-        num_classes, kernel_initializer="zeros", name="head"
-    )(x)
-    if name is None:
-        name = "patchtst"
+        series = _series_input(sequence_length, num_channels)
+        patches = count_patches(sequence_length, **patching)
+        if num_registers == "auto":
+            num_registers = registers_matching_jumbo_flops(
+                hidden_dim, patches, matched_jumbo_multiplier
+            )
+        check_positive_int("num_registers", num_registers, allow_zero=True)
+        if jumbo_multiplier and num_registers:
+            raise ValueError(
+                "A Jumbo model has no registers. Received: "
+                f"jumbo_multiplier={jumbo_multiplier}, "
+                f"num_registers={num_registers}"
+            )
+        if jumbo_multiplier and jumbo_mlp_dim is None:
+            jumbo_mlp_dim = jumbo_multiplier * mlp_dim
+        x = series
+        if instance_norm:
+            x = RevIN(name="instance_norm")(x)
+        x = _backbone(
+            x,
+            patching,
+            num_channels=num_channels,
+            hidden_dim=hidden_dim,
+            num_heads=num_heads,
+            depth=depth,
+            mlp_dim=mlp_dim,
+            use_class_token=not jumbo_multiplier,
+            num_registers=num_registers,
+            jumbo_multiplier=jumbo_multiplier,
+            jumbo_mlp_dim=jumbo_mlp_dim,
+            dropout_rate=dropout_rate,
+            attention_dropout_rate=attention_dropout_rate,
+            drop_path_rate=drop_path_rate,
+            normalization=normalization,
+            norm_first=norm_first,
+            residual_attention=residual_attention,
+            layer_norm_epsilon=layer_norm_epsilon,
+            activation=activation,
+        )
+        if norm_first:
+            x = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, name="final_norm"
+            )(x)
         if jumbo_multiplier:
-            name = "patchtst_jumbo"
-        elif num_registers:
-            name = "patchtst_registers"
-    return keras.Model(series, logits, name=name)
-
-
-OFFICIAL_ENCODER = dict(
-    normalization="batch_norm",
-    norm_first=False,
-    residual_attention=True,
-    layer_norm_epsilon=1e-5,
-)
+            x = TokenPooling("jumbo_avg", jumbo_multiplier, name="pooling")(x)
+        else:
+            x = TokenPooling("token", 1 + num_registers, name="pooling")(x)
+        x = FoldChannels(num_channels, inverse=True, name="unfold_channels")(x)
+        x = keras.layers.Flatten(name="concat_channels")(x)
+        if head_dropout_rate:
+            x = keras.layers.Dropout(head_dropout_rate, name="head_dropout")(x)
+        logits = keras.layers.Dense(
+            num_classes, kernel_initializer="zeros", name="head"
+        )(x)
+        if name is None:
+            name = "patchtst"
+            if jumbo_multiplier:
+                name = "patchtst_jumbo"
+            elif num_registers:
+                name = "patchtst_registers"
+        config["num_registers"] = num_registers
+        config["jumbo_mlp_dim"] = jumbo_mlp_dim
+        self._finish(series, logits, config, name, kwargs)
 
 
 def _forecast_head(tokens, horizon, num_channels, head_dropout_rate, prefix):
@@ -327,92 +331,6 @@ def _forecast_head(tokens, horizon, num_channels, head_dropout_rate, prefix):
         )(x)
     x = FoldChannels(num_channels, inverse=True, name=f"{prefix}unfold")(x)
     return keras.layers.Permute((2, 1), name=f"{prefix}to_time_major")(x)
-
-
-def _forecaster_options(kwargs):
-    options = dict(
-        hidden_dim=128,
-        num_heads=16,
-        depth=3,
-        mlp_dim=256,
-        dropout_rate=0.2,
-        attention_dropout_rate=0.0,
-        drop_path_rate=0.0,
-        activation="gelu",
-        **OFFICIAL_ENCODER,
-    )
-    unknown = set(kwargs) - set(options)
-    if unknown:
-        raise TypeError(
-            f"Unknown arguments: {sorted(unknown)}. Received: "
-            f"{ {k: kwargs[k] for k in sorted(unknown)} }"
-        )
-    options.update(kwargs)
-    return options
-
-
-def PatchTSTForecaster(
-    sequence_length=336,
-    horizon=96,
-    num_channels=7,
-    *,
-    patch_length=16,
-    stride=8,
-    padding="end",
-    head_dropout_rate=0.0,
-    revin=True,
-    revin_affine=False,
-    subtract_last=False,
-    name="patchtst_forecaster",
-    **kwargs,
-):
-    """PatchTST long-horizon forecaster (Nie et al., ICLR 2023).
-
-    RevIN -> per-channel patching (P=16, S=8, end padding) -> shared
-    encoder -> flatten head (N·D -> T per channel) -> RevIN inverse.
-    Defaults are the official PatchTST's (its Weather/ETT scripts): width
-    128, 16 heads, 3 layers, FFN 256, dropout 0.2, and its encoder
-    (BatchNorm, post-norm, residual attention scores, which its paper does
-    not mention); pass `normalization="layer_norm", norm_first=True,
-    residual_attention=False` for ViT blocks.
-
-    Args:
-        sequence_length: look-back L.
-        horizon: forecast length T.
-        num_channels: C.
-        patch_length, stride, padding: patching.
-        head_dropout_rate: dropout after the head.
-        revin: bool, reversible instance normalisation.
-        revin_affine, subtract_last: RevIN options.
-        name: model name.
-        **kwargs: `hidden_dim`, `num_heads`, `depth`, `mlp_dim`,
-            `dropout_rate`, `attention_dropout_rate`, `drop_path_rate`,
-            `normalization`, `norm_first`, `residual_attention`,
-            `layer_norm_epsilon`, `activation`.
-
-    Returns:
-        A functional `keras.Model`: `(batch, L, C)` -> `(batch, T, C)`.
-
-    Example:
-    >>> model = PatchTSTForecaster(96, 24, 3, hidden_dim=16, num_heads=2)
-    >>> model(np.zeros((2, 96, 3))).shape
-    (2, 24, 3)
-    """
-    return MSPatchTST(
-        sequence_length,
-        horizon,
-        num_channels,
-        patch_length=patch_length,
-        stride=stride,
-        padding=padding,
-        scales=("medium",),
-        head_dropout_rate=head_dropout_rate,
-        revin=revin,
-        revin_affine=revin_affine,
-        subtract_last=subtract_last,
-        name=name,
-        **kwargs,
-    )
 
 
 SCALES = {"small": 0.5, "medium": 1.0, "large": 2.0}
@@ -461,23 +379,8 @@ def resolve_scales(scales, patch_length, stride):
     return resolved
 
 
-def MSPatchTST(
-    sequence_length=336,
-    horizon=96,
-    num_channels=7,
-    *,
-    patch_length=16,
-    stride=8,
-    padding="end",
-    scales=("small", "large"),
-    fusion="per_step",
-    head_dropout_rate=0.0,
-    revin=True,
-    revin_affine=False,
-    subtract_last=False,
-    name="ms_patchtst",
-    **kwargs,
-):
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class MSPatchTST(ConfiguredModel):
     """MS-PatchTST: k PatchTST backbones at different patch lengths, fused.
 
     The series is normalised once (RevIN statistics are the same for every
@@ -498,11 +401,18 @@ def MSPatchTST(
         fusion: `"per_step"` (the paper's k -> 1 map, default) or
             `"flatten"` (its code's k·T -> T map); see
             `MultiScalePatchFusion`.
-        head_dropout_rate, revin, revin_affine, subtract_last, name,
-        **kwargs: as `PatchTSTForecaster`.
+        head_dropout_rate: dropout after each head.
+        revin: bool, reversible instance normalisation (once, shared).
+        revin_affine, subtract_last: RevIN options.
+        hidden_dim, num_heads, depth, mlp_dim, dropout_rate,
+        attention_dropout_rate, drop_path_rate, normalization,
+        norm_first, residual_attention, layer_norm_epsilon, activation:
+            every backbone's encoder; defaults are the official PatchTST's
+            (width 128, 16 heads, 3 layers, FFN 256, dropout 0.2,
+            BatchNorm, post-norm, residual attention scores).
+        name: model name.
 
-    Returns:
-        A functional `keras.Model`: `(batch, L, C)` -> `(batch, T, C)`.
+    The model maps `(batch, L, C)` to `(batch, T, C)`.
 
     Example:
     >>> model = MSPatchTST(96, 24, 3, scales=("small", "medium", "large"),
@@ -510,41 +420,149 @@ def MSPatchTST(
     >>> model(np.zeros((2, 96, 3))).shape
     (2, 24, 3)
     """
-    check_positive_int("horizon", horizon)
-    check_rate("head_dropout_rate", head_dropout_rate)
-    check_choice("fusion", fusion, {"per_step", "flatten"})
-    check_positive_int("patch_length", patch_length)
-    check_positive_int("stride", stride)
-    options = _forecaster_options(kwargs)
-    pairs = resolve_scales(scales, patch_length, stride)
-    for p, s in pairs:
-        count_patches(sequence_length, p, s, padding)
-    series = _series_input(sequence_length, num_channels)
-    normaliser = None
-    x = series
-    if revin:
-        normaliser = RevIN(
-            affine=revin_affine, subtract_last=subtract_last, name="revin"
+
+    _default_name = "ms_patchtst"
+
+    def __init__(
+        self,
+        sequence_length=336,
+        horizon=96,
+        num_channels=7,
+        *,
+        patch_length=16,
+        stride=8,
+        padding="end",
+        scales=("small", "large"),
+        fusion="per_step",
+        head_dropout_rate=0.0,
+        revin=True,
+        revin_affine=False,
+        subtract_last=False,
+        hidden_dim=128,
+        num_heads=16,
+        depth=3,
+        mlp_dim=256,
+        dropout_rate=0.2,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        normalization="batch_norm",
+        norm_first=False,
+        residual_attention=True,
+        layer_norm_epsilon=1e-5,
+        activation="gelu",
+        name=None,
+        **kwargs,
+    ):
+        config = constructor_arguments(locals())
+        check_positive_int("horizon", horizon)
+        check_rate("head_dropout_rate", head_dropout_rate)
+        check_choice("fusion", fusion, {"per_step", "flatten"})
+        check_positive_int("patch_length", patch_length)
+        check_positive_int("stride", stride)
+        options = {
+            key: config[key]
+            for key in (
+                "hidden_dim",
+                "num_heads",
+                "depth",
+                "mlp_dim",
+                "dropout_rate",
+                "attention_dropout_rate",
+                "drop_path_rate",
+                "normalization",
+                "norm_first",
+                "residual_attention",
+                "layer_norm_epsilon",
+                "activation",
+            )
+        }
+        pairs = resolve_scales(scales, patch_length, stride)
+        for p, s in pairs:
+            count_patches(sequence_length, p, s, padding)
+        series = _series_input(sequence_length, num_channels)
+        normaliser = None
+        x = series
+        if revin:
+            normaliser = RevIN(
+                affine=revin_affine, subtract_last=subtract_last, name="revin"
+            )
+            x = normaliser(series)
+        forecasts = []
+        for index, (p, s) in enumerate(pairs):
+            prefix = "" if len(pairs) == 1 else f"scale_{index}_"
+            tokens = _backbone(
+                x,
+                {"patch_length": p, "stride": s, "padding": padding},
+                num_channels=num_channels,
+                prefix=prefix,
+                **options,
+            )
+            forecast = _forecast_head(
+                tokens, horizon, num_channels, head_dropout_rate, prefix
+            )
+            if normaliser is not None:
+                forecast = normaliser(forecast, reference=series)
+            forecasts.append(forecast)
+        if len(forecasts) == 1:
+            outputs = forecasts[0]
+        else:
+            outputs = MultiScalePatchFusion(fusion, name="fusion")(forecasts)
+        self._finish(
+            series, outputs, config, name or self._default_name, kwargs
         )
-        x = normaliser(series)
-    forecasts = []
-    for index, (p, s) in enumerate(pairs):
-        prefix = "" if len(pairs) == 1 else f"scale_{index}_"
-        tokens = _backbone(
-            x,
-            {"patch_length": p, "stride": s, "padding": padding},
-            num_channels=num_channels,
-            prefix=prefix,
-            **options,
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class PatchTSTForecaster(MSPatchTST):
+    """PatchTST long-horizon forecaster (Nie et al., ICLR 2023).
+
+    RevIN -> per-channel patching (P=16, S=8, end padding) -> shared
+    encoder -> flatten head (N·D -> T per channel) -> RevIN inverse.
+    Defaults are the official PatchTST's (its Weather/ETT scripts): width
+    128, 16 heads, 3 layers, FFN 256, dropout 0.2, and its encoder
+    (BatchNorm, post-norm, residual attention scores, which its paper does
+    not mention); pass `normalization="layer_norm", norm_first=True,
+    residual_attention=False` for ViT blocks.
+
+    Args:
+        sequence_length: look-back L.
+        horizon: forecast length T.
+        num_channels: C.
+        patch_length, stride, padding: patching.
+        head_dropout_rate: dropout after the head.
+        revin: bool, reversible instance normalisation.
+        revin_affine, subtract_last: RevIN options.
+        hidden_dim, num_heads, depth, mlp_dim, dropout_rate,
+        attention_dropout_rate, drop_path_rate, normalization,
+        norm_first, residual_attention, layer_norm_epsilon, activation:
+            the encoder (official PatchTST defaults).
+        name: model name.
+
+    The model maps `(batch, L, C)` to `(batch, T, C)`. It is `MSPatchTST`
+    with the one scale `"medium"` (`scales` is fixed).
+
+    Example:
+    >>> model = PatchTSTForecaster(96, 24, 3, hidden_dim=16, num_heads=2)
+    >>> model(np.zeros((2, 96, 3))).shape
+    (2, 24, 3)
+    """
+
+    _default_name = "patchtst_forecaster"
+
+    def __init__(
+        self,
+        sequence_length=336,
+        horizon=96,
+        num_channels=7,
+        *,
+        scales=("medium",),
+        **kwargs,
+    ):
+        if tuple(scales) != ("medium",):
+            raise ValueError(
+                "PatchTSTForecaster has the one scale 'medium' (use "
+                f"MSPatchTST for several). Received: scales={scales!r}"
+            )
+        super().__init__(
+            sequence_length, horizon, num_channels, scales=scales, **kwargs
         )
-        forecast = _forecast_head(
-            tokens, horizon, num_channels, head_dropout_rate, prefix
-        )
-        if normaliser is not None:
-            forecast = normaliser(forecast, reference=series)
-        forecasts.append(forecast)
-    if len(forecasts) == 1:
-        outputs = forecasts[0]
-    else:
-        outputs = MultiScalePatchFusion(fusion, name="fusion")(forecasts)
-    return keras.Model(series, outputs, name=name)

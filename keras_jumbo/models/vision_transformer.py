@@ -1,433 +1,649 @@
-"""Functional builders for ViT, ViT+Registers and ViT+Jumbo."""
+"""The ViT family as model classes: `ViT`, `RegistersViT`, `JumboViT`.
+
+Each class is a `keras.Model` built in the functional style inside
+`__init__` (as keras-hub's backbones are): its constructor arguments are
+its config (`get_config()` returns them, with the size table's values filled
+in), `keras.saving.load_model` gives the class back, and code that
+transforms a model (`with_image_size`, `load_official_jumbo`, `count_macs`,
+`reparameterize`) reads the config and the layer attributes below, never
+layer names.
+
+Layer attributes (always present; `None` where the variant has none):
+`patch_embedding`, `position_embedding`, `token_dropping`, `jumbo_token`,
+`registers`, `class_token`, `encoder` (a `TransformerEncoder`; `None` for
+`NonDeepViT`, whose blocks are `blocks`), `blocks`, `final_norm`, `pooling`,
+`head_dropout`, `classifier` (the Dense head; `None` without a top).
+"""
+
+import logging
 
 import keras
-from keras import ops
 
 from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import JumboToken
-from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import Registers
 from keras_jumbo.layers import TokenDropping
+from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import TransformerEncoder
+from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.layers._utils import to_pair
-from keras_jumbo.layers.jumbo_token import jumbo_merge
+from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.models.base import constructor_arguments
+from keras_jumbo.models.vit_sizes import VIT_SIZES
 from keras_jumbo.models.vit_sizes import get_size
 
-HEADS = {"jumbo", "official", "token", "avg"}
-# "jumbo_avg": the mean of the J split Jumbo tokens, width D (PatchTST+Jumbo
-# classification, Jumbo paper A.2.3).
-POOLING_MODES = HEADS | {"jumbo_avg"}
+HEADS = ("jumbo", "official", "token", "avg")
+logger = logging.getLogger("keras_jumbo")
+
+
+def _check_ratio(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"`{name}` must be a number. Received: {name}={value!r}"
+        )
+    if value <= 0:
+        raise ValueError(f"`{name}` must be > 0. Received: {name}={value}")
+    return value
+
+
+def _check_epsilon(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            "`layer_norm_epsilon` must be a number. "
+            f"Received: layer_norm_epsilon={value!r}"
+        )
+    if not value > 0:
+        raise ValueError(
+            "`layer_norm_epsilon` must be > 0. "
+            f"Received: layer_norm_epsilon={value}"
+        )
+    return value
+
+
+class VisionTransformerBase(ConfiguredModel):
+    """What the ViT-family classes share: validation, graph, config.
+
+    Not built directly: `ViT`, `RegistersViT`, `JumboViT` and `NonDeepViT`
+    call `_build` from their `__init__` with their resolved config.
+    """
+
+    exposed_layers = (
+        "patch_embedding",
+        "position_embedding",
+        "token_dropping",
+        "jumbo_token",
+        "registers",
+        "class_token",
+        "encoder",
+        "blocks",
+        "final_norm",
+        "pooling",
+        "head_dropout",
+        "classifier",
+    )
+
+    def _build(self, config, graph, name, kwargs):
+        """Validate `graph` options, build the layers and the graph.
+
+        `config` is what `get_config()` returns (the constructor's
+        arguments, sizes filled in); `graph` the full set of options of the
+        shared stem/encoder/head.
+        """
+        g = dict(graph)
+        for key in ("hidden_dim", "depth", "num_heads"):
+            check_positive_int(key, g[key])
+        if g["hidden_dim"] % g["num_heads"]:
+            raise ValueError(
+                "`hidden_dim` must be divisible by `num_heads`. Received: "
+                f"hidden_dim={g['hidden_dim']}, num_heads={g['num_heads']}"
+            )
+        check_positive_int("num_classes", g["num_classes"])
+        check_positive_int("num_channels", g["num_channels"])
+        check_positive_int("num_registers", g["num_registers"], allow_zero=True)
+        check_positive_int(
+            "jumbo_multiplier", g["jumbo_multiplier"], allow_zero=True
+        )
+        check_bool("include_top", g["include_top"])
+        check_rate("token_drop_rate", g["token_drop_rate"])
+        check_rate("head_dropout_rate", g["head_dropout_rate"])
+        _check_ratio("mlp_ratio", g["mlp_ratio"])
+        _check_ratio("jumbo_mlp_ratio", g["jumbo_mlp_ratio"])
+        _check_epsilon(g["layer_norm_epsilon"])
+        image_size = to_pair("image_size", g["image_size"])
+        patch_size = to_pair("patch_size", g["patch_size"])
+        if any(i % p for i, p in zip(image_size, patch_size, strict=True)):
+            raise ValueError(
+                "`image_size` must be divisible by `patch_size`. Received: "
+                f"image_size={image_size}, patch_size={patch_size}"
+            )
+        head = check_choice("head", g["head"], HEADS)
+        is_jumbo = g["jumbo_multiplier"] > 0
+        if head in ("jumbo", "official") and not is_jumbo:
+            raise ValueError(
+                f"head={head!r} reads the Jumbo token; use it with "
+                "jumbo_multiplier >= 1. Received: jumbo_multiplier=0"
+            )
+        if head == "token" and not (is_jumbo or g["use_class_token"]):
+            raise ValueError(
+                "head='token' needs a CLS token. "
+                "Received: use_class_token=False"
+            )
+        data_format = standardize_data_format(g["data_format"])
+        dim = g["hidden_dim"]
+        grid = (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
+        if data_format == "channels_last":
+            input_shape = (*image_size, g["num_channels"])
+        else:
+            input_shape = (g["num_channels"], *image_size)
+        if is_jumbo:
+            num_prefix = g["jumbo_multiplier"]
+        else:
+            num_prefix = int(g["use_class_token"]) + g["num_registers"]
+        last_block_patch_mlp = g["last_block_patch_mlp"]
+        if last_block_patch_mlp is None:
+            # The Jumbo head alone never reads patch tokens after the last
+            # block, so the paper does not build that FFN (§3.2).
+            last_block_patch_mlp = not (is_jumbo and head == "jumbo")
+        mlp_dim = int(dim * g["mlp_ratio"])
+
+        # === Layers ===
+        self.patch_embedding = PatchEmbedding(
+            dim, patch_size, data_format=data_format, name="patch_embedding"
+        )
+        self.position_embedding = PositionEmbedding(
+            grid, name="position_embedding"
+        )
+        self.token_dropping = TokenDropping(
+            g["token_drop_rate"], name="token_dropping"
+        )
+        self.jumbo_token = self.registers = self.class_token = None
+        if is_jumbo:
+            self.jumbo_token = JumboToken(
+                g["jumbo_multiplier"], name="jumbo_token"
+            )
+        else:
+            if g["num_registers"]:
+                self.registers = Registers(g["num_registers"], name="registers")
+            if g["use_class_token"]:
+                self.class_token = ClassToken(name="class_token")
+        blocks = self._build_blocks(g, mlp_dim)
+        if blocks is None:
+            self.encoder = TransformerEncoder(
+                g["depth"],
+                g["num_heads"],
+                mlp_dim,
+                jumbo_multiplier=g["jumbo_multiplier"],
+                jumbo_mlp_dim=(
+                    int(g["jumbo_multiplier"] * dim * g["jumbo_mlp_ratio"])
+                    if is_jumbo
+                    else None
+                ),
+                share_jumbo_mlp=g["share_jumbo_mlp"],
+                jumbo_lora_rank=g["jumbo_lora_rank"],
+                last_block_patch_mlp=last_block_patch_mlp,
+                # Nothing reads the Jumbo token after the last block for
+                # head="avg".
+                last_block_jumbo_mlp=head != "avg",
+                dropout_rate=g["dropout_rate"],
+                attention_dropout_rate=g["attention_dropout_rate"],
+                drop_path_rate=g["drop_path_rate"],
+                drop_path_schedule=g["drop_path_schedule"],
+                layer_scale_init_value=g["layer_scale_init_value"],
+                layer_norm_epsilon=g["layer_norm_epsilon"],
+                activation=g["activation"],
+                qkv_bias=g["qkv_bias"],
+                name="encoder",
+            )
+            self.blocks = self.encoder.blocks
+        else:
+            self.encoder = None
+            self.blocks = blocks
+        self.final_norm = keras.layers.LayerNormalization(
+            epsilon=g["layer_norm_epsilon"], name="final_norm"
+        )
+        self.pooling = TokenPooling(head, num_prefix, name="pooling")
+        self.head_dropout = None
+        if g["include_top"] and g["head_dropout_rate"]:
+            self.head_dropout = keras.layers.Dropout(
+                g["head_dropout_rate"], name="head_dropout"
+            )
+        self.classifier = None
+        if g["include_top"]:
+            self.classifier = keras.layers.Dense(
+                g["num_classes"],
+                activation=g["classifier_activation"],
+                kernel_initializer="zeros",
+                name="head",
+            )
+
+        # === Functional Model ===
+        inputs = keras.Input(shape=input_shape, name="images")
+        x = self.patch_embedding(inputs)
+        x = self.position_embedding(x)
+        x = keras.layers.Reshape((-1, dim), name="flatten")(x)
+        x = self.token_dropping(x)
+        for prefix in (self.jumbo_token, self.registers, self.class_token):
+            if prefix is not None:
+                x = prefix(x)
+        if self.encoder is not None:
+            x = self.encoder(x)
+        else:
+            for block in self.blocks:
+                x = block(x)
+        if head == "jumbo":
+            # The paper's head: LayerNorm over the reassembled J*D token,
+            # then J*D -> classes (§3.2).
+            x = self.final_norm(self.pooling(x))
+        else:
+            # Official release / plain ViT: LayerNorm (width D) on every
+            # token, then pooling.
+            x = self.pooling(self.final_norm(x))
+        if self.head_dropout is not None:
+            x = self.head_dropout(x)
+        if self.classifier is not None:
+            x = self.classifier(x)
+
+        # === Config ===
+        config = dict(config)
+        for key in ("image_size", "patch_size"):
+            if key in config:
+                config[key] = to_pair(key, config[key])
+        if "data_format" in config:
+            config["data_format"] = data_format
+        self._finish(inputs, x, config, name, kwargs)
+
+    def _build_blocks(self, graph, mlp_dim):
+        """Blocks built by a subclass instead of the encoder (or None)."""
+        return None
+
+    @property
+    def grid_size(self):
+        """The patch grid `(rows, cols)` at the model's image size."""
+        return self.position_embedding.grid_size
+
+    @property
+    def num_prefix_tokens(self):
+        """Tokens before the patches: J, or CLS + registers."""
+        return self.pooling.num_prefix_tokens
+
+    @classmethod
+    def from_preset(
+        cls,
+        preset,
+        *,
+        num_classes=None,
+        include_top=None,
+        image_size=None,
+        cache_dir=None,
+        **config_changes,
+    ):
+        """A model with pretrained weights, by preset name, path or URL.
+
+        Args:
+            preset: a name from `keras_jumbo.models.list_presets()` (e.g.
+                `"jumbo_nano_imagenet1k"`: downloaded once with
+                `keras.utils.get_file`, converted, cached), a directory
+                written by `save_to_preset`, the path of an official Jumbo
+                `.pth` checkpoint, or an `http(s)://` / `file://` URL of one.
+            num_classes: None keeps the preset's head; another number keeps
+                the pretrained backbone and starts a fresh, zero-initialised
+                head (logged once).
+            include_top: False drops the head (pooled features out).
+            image_size: None keeps the preset's; another size resamples
+                the position embeddings (as `with_image_size`).
+            cache_dir: where downloads and converted weights are kept
+                (default `$KERAS_HOME` or `~/.keras`, under `keras_jumbo/`).
+            **config_changes: other config values that keep every weight's
+                shape (`dropout_rate`, `drop_path_rate`, `data_format`, ...).
+
+        Example (offline: pass a local copy of the official file):
+        ```python
+        model = JumboViT.from_preset("jumbo_nano_imagenet1k")
+        model = JumboViT.from_preset("path/to/jumbo_nano.pth", num_classes=10)
+        ```
+        """
+        from keras_jumbo.presets.loader import load_preset
+
+        model = load_preset(preset, cache_dir=cache_dir)
+        if not isinstance(model, cls):
+            raise ValueError(
+                f"The preset holds a {type(model).__name__}, not a "
+                f"{cls.__name__}: use {type(model).__name__}.from_preset. "
+                f"Received: preset={preset!r}"
+            )
+        changes = dict(config_changes)
+        for key, value in (
+            ("num_classes", num_classes),
+            ("include_top", include_top),
+            ("image_size", image_size),
+        ):
+            if value is not None:
+                changes[key] = value
+        if "image_size" in changes:
+            changes["image_size"] = to_pair("image_size", changes["image_size"])
+        current = model.get_config()
+        changes = {k: v for k, v in changes.items() if current.get(k) != v}
+        if not changes:
+            return model
+        new, head_kept = with_config(model, **changes)
+        if new.classifier is not None and not head_kept:
+            logger.warning(
+                "%s.from_preset(%r): kept the pretrained backbone; the head "
+                "is new (%d classes, zero-initialised): train it before use.",
+                cls.__name__,
+                preset,
+                new.num_classes,
+            )
+        return new
+
+    def save_to_preset(self, preset_dir):
+        """Save as a preset directory that `from_preset` loads back."""
+        from keras_jumbo.presets.loader import save_to_preset
+
+        return save_to_preset(self, preset_dir)
+
+
+def _graph_defaults():
+    """Every option of the shared graph, at the values of a plain ViT."""
+    return dict(
+        num_classes=1000,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        mlp_ratio=4.0,
+        num_registers=0,
+        use_class_token=True,
+        jumbo_multiplier=0,
+        jumbo_mlp_ratio=4.0,
+        share_jumbo_mlp=False,
+        jumbo_lora_rank=None,
+        head="token",
+        include_top=True,
+        classifier_activation=None,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        drop_path_schedule="linear",
+        head_dropout_rate=0.0,
+        layer_scale_init_value=None,
+        layer_norm_epsilon=1e-6,
+        activation="gelu",
+        qkv_bias=True,
+        token_drop_rate=0.0,
+        last_block_patch_mlp=None,
+        data_format=None,
+    )
+
+
+def _sized(config, size):
+    """Fill `hidden_dim`/`depth`/`num_heads` left as None from `size`."""
+    spec = get_size(size)
+    for key in ("hidden_dim", "depth", "num_heads"):
+        if config.get(key, 0) is None:
+            config[key] = spec[key]
+    return config
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
-class TokenPooling(keras.layers.Layer):
-    """Read a model's prefix/patch tokens into one vector for the head.
+class ViT(VisionTransformerBase):
+    """Plain ViT with a CLS token (Dosovitskiy et al., ICLR 2021).
 
-    Modes: `"token"` (token 0, the CLS token), `"avg"` (mean of the patch
-    tokens after `num_prefix_tokens`), `"jumbo"` (the first J tokens
-    reassembled into the `J * D` Jumbo token), `"official"` (the official
-    Jumbo release: reassembled Jumbo token concatenated with the mean of the
-    patch tokens, width `J * D + D`), `"jumbo_avg"` (the mean of the J
-    split Jumbo tokens, width D; PatchTST+Jumbo, Jumbo paper A.2.3).
+    Sizes (`VIT_SIZES`, the Jumbo paper's §2.1 and the official
+    `configs.py`): pico/nano/tiny/small/base = width 96/128/192/384/768,
+    heads 3/4/3/6/12, depth 12, patch 16, FFN ratio 4.
 
     Args:
-        mode: one of `"token"`, `"avg"`, `"jumbo"`, `"official"`,
-            `"jumbo_avg"`.
-        num_prefix_tokens: int, the number of leading non-patch tokens
-            (J for Jumbo models; 1 + R for CLS + registers).
-        **kwargs: base `keras.layers.Layer` arguments.
-
-    Call arguments:
-        inputs: `(batch, num_prefix_tokens + N, D)`.
-
-    Returns:
-        `(batch, width)`.
-    """
-
-    def __init__(self, mode, num_prefix_tokens, **kwargs):
-        super().__init__(**kwargs)
-        self.mode = check_choice("mode", mode, POOLING_MODES)
-        self.num_prefix_tokens = check_positive_int(
-            "num_prefix_tokens", num_prefix_tokens, allow_zero=True
-        )
-
-    def call(self, inputs):
-        prefix = self.num_prefix_tokens
-        if self.mode == "token":
-            return inputs[:, 0]
-        if self.mode == "avg":
-            return ops.mean(inputs[:, prefix:], axis=1)
-        if self.mode == "jumbo_avg":
-            return ops.mean(inputs[:, :prefix], axis=1)
-        jumbo = jumbo_merge(inputs[:, :prefix])
-        if self.mode == "jumbo":
-            return jumbo
-        patches = ops.mean(inputs[:, prefix:], axis=1)
-        return ops.concatenate([jumbo, patches], axis=-1)
-
-    def compute_output_shape(self, input_shape):
-        dim = input_shape[-1]
-        width = {
-            "token": dim,
-            "avg": dim,
-            "jumbo_avg": dim,
-            "jumbo": self.num_prefix_tokens * dim,
-            "official": (self.num_prefix_tokens + 1) * dim,
-        }[self.mode]
-        return (input_shape[0], width)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {"mode": self.mode, "num_prefix_tokens": self.num_prefix_tokens}
-        )
-        return config
-
-
-def _layer_norm(epsilon, name):
-    return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
-
-
-def build_vision_transformer(
-    size="nano",
-    *,
-    num_classes=1000,
-    image_size=224,
-    patch_size=16,
-    num_channels=3,
-    hidden_dim=None,
-    depth=None,
-    num_heads=None,
-    mlp_ratio=4.0,
-    num_registers=0,
-    use_class_token=True,
-    jumbo_multiplier=0,
-    jumbo_mlp_ratio=4.0,
-    share_jumbo_mlp=False,
-    jumbo_lora_rank=None,
-    head="token",
-    include_top=True,
-    classifier_activation=None,
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
-    drop_path_rate=0.0,
-    drop_path_schedule="linear",
-    head_dropout_rate=0.0,
-    layer_scale_init_value=None,
-    layer_norm_epsilon=1e-6,
-    activation="gelu",
-    qkv_bias=True,
-    token_drop_rate=0.0,
-    last_block_patch_mlp=None,
-    num_branches=None,
-    initial_lambda=0.0,
-    diversity_weight=0.0,
-    data_format=None,
-    name=None,
-):
-    """Build any of the ViT family; the public builders fix the variant.
-
-    See `JumboViT` for the arguments. `jumbo_multiplier=0` gives a plain
-    ViT with a CLS token and `num_registers` registers.
-    """
-    spec = get_size(size)
-    hidden_dim = spec["hidden_dim"] if hidden_dim is None else hidden_dim
-    depth = spec["depth"] if depth is None else depth
-    num_heads = spec["num_heads"] if num_heads is None else num_heads
-    check_positive_int("hidden_dim", hidden_dim)
-    check_positive_int("depth", depth)
-    check_positive_int("num_heads", num_heads)
-    if hidden_dim % num_heads:
-        raise ValueError(
-            "`hidden_dim` must be divisible by `num_heads`. Received: "
-            f"hidden_dim={hidden_dim}, num_heads={num_heads}"
-        )
-    check_positive_int("num_classes", num_classes)
-    check_positive_int("num_channels", num_channels)
-    check_positive_int("num_registers", num_registers, allow_zero=True)
-    check_positive_int("jumbo_multiplier", jumbo_multiplier, allow_zero=True)
-    check_rate("token_drop_rate", token_drop_rate)
-    check_rate("head_dropout_rate", head_dropout_rate)
-    image_size = to_pair("image_size", image_size)
-    patch_size = to_pair("patch_size", patch_size)
-    pairs = zip(image_size, patch_size, strict=True)
-    if any(img % patch for img, patch in pairs):
-        raise ValueError(
-            "`image_size` must be divisible by `patch_size`. Received: "
-            f"image_size={image_size}, patch_size={patch_size}"
-        )
-    for ratio_name, ratio in (
-        ("mlp_ratio", mlp_ratio),
-        ("jumbo_mlp_ratio", jumbo_mlp_ratio),
-    ):
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-            raise TypeError(
-                f"`{ratio_name}` must be a number. "
-                f"Received: {ratio_name}={ratio!r}"
-            )
-        if ratio <= 0:
-            raise ValueError(
-                f"`{ratio_name}` must be > 0. Received: {ratio_name}={ratio}"
-            )
-    check_choice("head", head, HEADS)
-    if num_branches is not None:
-        check_positive_int("num_branches", num_branches)
-    is_jumbo = jumbo_multiplier > 0
-    if num_branches is not None and (is_jumbo or token_drop_rate):
-        raise ValueError(
-            "Branch blocks (num_branches given) are built for plain ViTs; "
-            "they do not combine with Jumbo tokens or token dropping. "
-            f"Received: num_branches={num_branches}, "
-            f"jumbo_multiplier={jumbo_multiplier}, "
-            f"token_drop_rate={token_drop_rate}"
-        )
-    if head in ("jumbo", "official") and not is_jumbo:
-        raise ValueError(
-            f"head={head!r} reads the Jumbo token; use it with "
-            "jumbo_multiplier >= 1. Received: jumbo_multiplier=0"
-        )
-    if head == "token" and not (is_jumbo or use_class_token):
-        raise ValueError(
-            "head='token' needs a CLS token. Received: use_class_token=False"
-        )
-    data_format = standardize_data_format(data_format)
-    grid = (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
-    if data_format == "channels_last":
-        input_shape = (*image_size, num_channels)
-    else:
-        input_shape = (num_channels, *image_size)
-
-    if is_jumbo:
-        num_prefix = jumbo_multiplier
-    else:
-        num_prefix = int(use_class_token) + num_registers
-    if last_block_patch_mlp is None:
-        # The Jumbo head alone never reads patch tokens after the last block.
-        last_block_patch_mlp = not (is_jumbo and head == "jumbo")
-    mlp_dim = int(hidden_dim * mlp_ratio)
-    jumbo_mlp_dim = (
-        int(jumbo_multiplier * hidden_dim * jumbo_mlp_ratio)
-        if is_jumbo
-        else None
-    )
-
-    # === Layers ===
-    patch_embedding = PatchEmbedding(
-        hidden_dim, patch_size, data_format=data_format, name="patch_embedding"
-    )
-    position_embedding = PositionEmbedding(grid, name="position_embedding")
-    token_dropping = TokenDropping(token_drop_rate, name="token_dropping")
-    branch_blocks = [
-        ParallelBranchBlock(
-            num_heads,
-            mlp_dim,
-            num_branches=num_branches,
-            initial_lambda=initial_lambda,
-            # α · mean over every attention and FFN module (§4).
-            diversity_weight=diversity_weight / depth,
-            dropout_rate=dropout_rate,
-            attention_dropout_rate=attention_dropout_rate,
-            drop_path_rate=(
-                drop_path_rate * index / max(depth - 1, 1)
-                if drop_path_schedule == "linear"
-                else drop_path_rate
-            ),
-            layer_norm_epsilon=layer_norm_epsilon,
-            activation=activation,
-            name=f"branch_block_{index}",
-        )
-        for index in range(depth if num_branches is not None else 0)
-    ]
-    encoder = TransformerEncoder(
-        depth,
-        num_heads,
-        mlp_dim,
-        jumbo_multiplier=jumbo_multiplier,
-        jumbo_mlp_dim=jumbo_mlp_dim,
-        share_jumbo_mlp=share_jumbo_mlp,
-        jumbo_lora_rank=jumbo_lora_rank,
-        last_block_patch_mlp=last_block_patch_mlp,
-        # Nothing reads the Jumbo token after the last block for head="avg".
-        last_block_jumbo_mlp=head != "avg",
-        dropout_rate=dropout_rate,
-        attention_dropout_rate=attention_dropout_rate,
-        drop_path_rate=drop_path_rate,
-        drop_path_schedule=drop_path_schedule,
-        layer_scale_init_value=layer_scale_init_value,
-        layer_norm_epsilon=layer_norm_epsilon,
-        activation=activation,
-        qkv_bias=qkv_bias,
-        name="encoder",
-    )
-
-    # === Functional Model ===
-    inputs = keras.Input(shape=input_shape, name="images")
-    x = patch_embedding(inputs)
-    x = position_embedding(x)
-    x = keras.layers.Reshape((-1, hidden_dim), name="flatten")(x)
-    x = token_dropping(x)
-    if is_jumbo:
-        x = JumboToken(jumbo_multiplier, name="jumbo_token")(x)
-    else:
-        if num_registers:
-            x = Registers(num_registers, name="registers")(x)
-        if use_class_token:
-            x = ClassToken(name="class_token")(x)
-    if branch_blocks:
-        for block in branch_blocks:
-            x = block(x)
-    else:
-        x = encoder(x)
-    if head == "jumbo":
-        # The paper's head: LayerNorm over the reassembled J*D token, then
-        # J*D -> classes (§3.2).
-        x = TokenPooling("jumbo", num_prefix, name="pooling")(x)
-        x = _layer_norm(layer_norm_epsilon, "final_norm")(x)
-    else:
-        # Official release / plain ViT: LayerNorm (width D) on every token.
-        x = _layer_norm(layer_norm_epsilon, "final_norm")(x)
-        x = TokenPooling(head, num_prefix, name="pooling")(x)
-    outputs = x
-    if include_top:
-        if head_dropout_rate:
-            x = keras.layers.Dropout(head_dropout_rate, name="head_dropout")(x)
-        outputs = keras.layers.Dense(
-            num_classes,
-            activation=classifier_activation,
-            kernel_initializer="zeros",
-            name="head",
-        )(x)
-    return keras.Model(inputs, outputs, name=name)
-
-
-def ViT(size="nano", *, num_classes=1000, head="token", **kwargs):
-    """Plain ViT with a CLS token (Dosovitskiy et al. 2021).
-
-    Same arguments as `RegistersViT` with `num_registers=0`. Default head:
-    `"token"` (CLS); `"avg"` averages the patch tokens.
+        size: `"pico"`, `"nano"`, `"tiny"`, `"small"` or `"base"`.
+        num_classes: int, classes of the classifier.
+        image_size: int or pair; also the grid of the stored position
+            embeddings (`with_image_size` resamples them).
+        patch_size: int or pair.
+        num_channels: int, input channels.
+        hidden_dim, depth, num_heads: None takes the size's value.
+        mlp_ratio: FFN hidden width / `hidden_dim`.
+        num_registers: int, register tokens after the CLS token
+            (`RegistersViT` defaults it to 16).
+        use_class_token: bool; False for average pooling without CLS.
+        head: `"token"` (the CLS token) or `"avg"` (mean patch token).
+        include_top: bool; False returns the pooled features.
+        classifier_activation: activation of the head (None: logits).
+        dropout_rate, attention_dropout_rate: floats in [0, 1).
+        drop_path_rate: stochastic depth of the last block.
+        drop_path_schedule: `"linear"` (0 -> rate over depth, DeiT/timm)
+            or `"constant"`.
+        head_dropout_rate: dropout before the head.
+        layer_scale_init_value: float or None (no LayerScale).
+        layer_norm_epsilon: float > 0 (1e-6; PyTorch's default is 1e-5).
+        activation: FFN activation (`"gelu"`: exact, erf form).
+        qkv_bias: bool.
+        token_drop_rate: fraction of patch tokens dropped in training
+            (ImageNet-21K recipe; `TokenDropSchedule` drives it).
+        data_format: `"channels_last"` or `"channels_first"`; None takes
+            `keras.config.image_data_format()`.
+        name: model name (default `vit_<size>`).
+        **kwargs: `trainable`, `dtype` of `keras.Model`.
 
     Example:
     >>> model = ViT("pico", image_size=32, patch_size=8, num_classes=10)
+    >>> model(np.zeros((2, 32, 32, 3))).shape
+    (2, 10)
     """
-    kwargs.setdefault("name", f"vit_{size}")
-    return build_vision_transformer(
-        size, num_classes=num_classes, head=head, **kwargs
-    )
+
+    def __init__(
+        self,
+        size="nano",
+        *,
+        num_classes=1000,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        hidden_dim=None,
+        depth=None,
+        num_heads=None,
+        mlp_ratio=4.0,
+        num_registers=0,
+        use_class_token=True,
+        head="token",
+        include_top=True,
+        classifier_activation=None,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        drop_path_schedule="linear",
+        head_dropout_rate=0.0,
+        layer_scale_init_value=None,
+        layer_norm_epsilon=1e-6,
+        activation="gelu",
+        qkv_bias=True,
+        token_drop_rate=0.0,
+        data_format=None,
+        name=None,
+        **kwargs,
+    ):
+        config = _sized(constructor_arguments(locals()), size)
+        self._build(
+            config,
+            {**_graph_defaults(), **config},
+            name or f"{self._name_prefix}_{size}",
+            kwargs,
+        )
+
+    _name_prefix = "vit"
 
 
-def RegistersViT(
-    size="nano", *, num_registers=16, num_classes=1000, head="token", **kwargs
-):
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class RegistersViT(ViT):
     """ViT+Registers (Darcet et al., ICLR 2024), the Jumbo paper's baseline.
 
     Tokens are `[CLS, reg_1..reg_R, patches]`; every token shares the patch
-    FFN; registers are dropped by the head. R=16 by default (Jumbo paper
-    §4.1.1, Appendix Table 5). Other arguments as in `JumboViT`.
+    FFN; the head drops the registers. R=16 by default (Jumbo paper §4.1.1,
+    Appendix Table 5). Arguments as `ViT`, with `num_registers=16`.
 
     Example:
     >>> model = RegistersViT("pico", image_size=32, patch_size=8,
     ...                      num_classes=10, num_registers=4)
+    >>> model.num_prefix_tokens
+    5
     """
-    kwargs.setdefault("name", f"registers_vit_{size}")
-    return build_vision_transformer(
-        size,
-        num_registers=num_registers,
-        num_classes=num_classes,
-        head=head,
-        **kwargs,
-    )
+
+    _name_prefix = "registers_vit"
+
+    def __init__(self, size="nano", *, num_registers=16, **kwargs):
+        super().__init__(size, num_registers=num_registers, **kwargs)
 
 
-def JumboViT(
-    size="nano",
-    *,
-    num_classes=1000,
-    image_size=224,
-    patch_size=16,
-    jumbo_multiplier=None,
-    jumbo_mlp_ratio=4,
-    share_jumbo_mlp=False,
-    jumbo_lora_rank=None,
-    head="jumbo",
-    include_top=True,
-    **kwargs,
-):
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class JumboViT(VisionTransformerBase):
     """ViT+Jumbo: a J-times-wider CLS token with its own wide FFN.
 
     The Jumbo token (width `J * D`) is split into J tokens for attention
     with the patches and reassembled for its own FFN of hidden width
     `jumbo_mlp_ratio * J * D` in every block (Jumbo paper §3.2, Fig. 2).
+    Sizes as `ViT`; J = 6 (3 for base; official `configs.py`).
+    `JumboViT.from_preset("jumbo_nano_imagenet1k")` gives the official
+    ImageNet-1K weights (see `keras_jumbo.models.list_presets()`).
 
     Args:
-        size: `"pico"`, `"nano"`, `"tiny"`, `"small"` or `"base"` (widths
-            96/128/192/384/768, heads 3/4/3/6/12, depth 12).
-        num_classes: int, classes of the classifier.
-        image_size: int or pair, input height/width; also the grid of the
-            stored position embeddings (see `with_image_size`).
-        patch_size: int or pair.
-        jumbo_multiplier: J; None takes the size's default (6; 3 for base).
-        jumbo_mlp_ratio: the inner Jumbo FFN multiplier (Table 2; 4).
+        size: `"pico"`, `"nano"`, `"tiny"`, `"small"` or `"base"`.
+        jumbo_multiplier: J; None takes the size's default.
+        jumbo_mlp_ratio: the Jumbo FFN's hidden width / (J*D) (Table 2; 4).
         share_jumbo_mlp: one Jumbo FFN for all layers (official release,
             Table 3 "layer share"); each layer keeps its own LayerNorm.
         jumbo_lora_rank: with `share_jumbo_mlp`, a per-layer rank-r branch
             `J*D -> r -> J*D` added to the shared FFN (Table 3 "LoRA").
         head: `"jumbo"` (paper: LayerNorm(J*D) then J*D -> classes; the last
-            block's patch FFN is not built since nothing reads it) or
+            block's patch FFN is not built since nothing reads it),
             `"official"` (official release: LayerNorm(D) on all tokens, then
             concat(Jumbo token, mean of patches) -> classes), or `"avg"`.
-        include_top: bool; False returns the head's input features.
-        **kwargs: overrides: `hidden_dim`, `depth`, `num_heads`,
-            `mlp_ratio`, `num_channels`, `dropout_rate`,
-            `attention_dropout_rate`, `drop_path_rate`,
-            `drop_path_schedule`, `head_dropout_rate`,
-            `layer_scale_init_value`, `layer_norm_epsilon` (1e-6; the
-            official release uses PyTorch's 1e-5), `activation`,
-            `qkv_bias`, `token_drop_rate`, `last_block_patch_mlp`,
-            `classifier_activation`, `data_format`, `name`.
-
-    Returns:
-        A functional `keras.Model` from images to logits (or features).
+        last_block_patch_mlp: None (build it unless `head="jumbo"`) or bool.
+        Other arguments as `ViT` (no CLS token or registers); name default
+        `jumbo_vit_<size>`.
 
     Example:
     >>> model = JumboViT("pico", image_size=32, patch_size=8, num_classes=10)
     >>> model(np.zeros((2, 32, 32, 3))).shape
     (2, 10)
+    >>> model.jumbo_multiplier, model.get_config()["hidden_dim"]
+    (6, 96)
 
     Reference: Fuller et al., "Simpler Fast Vision Transformers with a
     Jumbo CLS Token", arXiv 2502.15021.
     """
-    if jumbo_multiplier is None:
-        jumbo_multiplier = get_size(size)["jumbo"]
-    check_positive_int("jumbo_multiplier", jumbo_multiplier)
-    kwargs.setdefault("name", f"jumbo_vit_{size}")
-    return build_vision_transformer(
-        size,
-        num_classes=num_classes,
-        image_size=image_size,
-        patch_size=patch_size,
-        jumbo_multiplier=jumbo_multiplier,
-        jumbo_mlp_ratio=jumbo_mlp_ratio,
-        share_jumbo_mlp=share_jumbo_mlp,
-        jumbo_lora_rank=jumbo_lora_rank,
-        head=head,
-        include_top=include_top,
+
+    def __init__(
+        self,
+        size="nano",
+        *,
+        num_classes=1000,
+        image_size=224,
+        patch_size=16,
+        num_channels=3,
+        hidden_dim=None,
+        depth=None,
+        num_heads=None,
+        mlp_ratio=4.0,
+        jumbo_multiplier=None,
+        jumbo_mlp_ratio=4.0,
+        share_jumbo_mlp=False,
+        jumbo_lora_rank=None,
+        head="jumbo",
+        include_top=True,
+        classifier_activation=None,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        drop_path_schedule="linear",
+        head_dropout_rate=0.0,
+        layer_scale_init_value=None,
+        layer_norm_epsilon=1e-6,
+        activation="gelu",
+        qkv_bias=True,
+        token_drop_rate=0.0,
+        last_block_patch_mlp=None,
+        data_format=None,
+        name=None,
         **kwargs,
-    )
+    ):
+        config = _sized(constructor_arguments(locals()), size)
+        if jumbo_multiplier is None:
+            config["jumbo_multiplier"] = get_size(size)["jumbo"]
+        check_positive_int("jumbo_multiplier", config["jumbo_multiplier"])
+        self._build(
+            config,
+            {**_graph_defaults(), **config, "use_class_token": False},
+            name or f"jumbo_vit_{size}",
+            kwargs,
+        )
+
+
+def with_config(model, **changes):
+    """The model rebuilt with `changes` to its config, keeping its weights.
+
+    Every weight is copied, with two exceptions: the position-embedding
+    table is resampled when `image_size` changes the patch grid (bicubic,
+    antialiased, as timm's `resample_abs_pos_embed`), and the classifier
+    starts fresh (zero-initialised, as built) when `num_classes` changes;
+    `include_top=False` drops it. Any other change must keep every weight's
+    shape (e.g. `dropout_rate`, `drop_path_rate`, `data_format`,
+    `classifier_activation`); one that does not raises a `ValueError`
+    naming the changes.
+
+    Returns:
+        `(new_model, head_kept)`: `head_kept` is False when the classifier
+        was not copied.
+    """
+    if not isinstance(model, VisionTransformerBase):
+        raise TypeError(
+            "`model` must be a ViT-family model (ViT, RegistersViT, "
+            f"JumboViT, NonDeepViT). Received: {type(model).__name__}"
+        )
+    config = {**model.get_config(), **changes}
+    new = type(model).from_config(config)
+
+    def body(m):
+        head = {id(w) for w in m.classifier.weights} if m.classifier else set()
+        return [w for w in m.weights if id(w) not in head]
+
+    old_body, new_body = body(model), body(new)
+    if len(old_body) != len(new_body):
+        raise ValueError(
+            f"These changes alter the architecture: {changes}. "
+            f"Received: {len(old_body)} weights before, {len(new_body)} after"
+        )
+    table = model.position_embedding.embeddings
+    for old, fresh in zip(old_body, new_body, strict=True):
+        if old is table:
+            fresh.assign(model.position_embedding.resampled(new.grid_size))
+            continue
+        if tuple(old.shape) != tuple(fresh.shape):
+            raise ValueError(
+                f"These changes alter the weight {old.path!r} from "
+                f"{tuple(old.shape)} to {tuple(fresh.shape)}: {changes}"
+            )
+        fresh.assign(old)
+    head_kept = False
+    if model.classifier is not None and new.classifier is not None:
+        shapes = [tuple(w.shape) for w in model.classifier.weights]
+        if shapes == [tuple(w.shape) for w in new.classifier.weights]:
+            new.classifier.set_weights(model.classifier.get_weights())
+            head_kept = True
+    return new, head_kept
 
 
 def with_image_size(model, image_size):
     """The same model (same weights) taking images of another size.
 
-    Clones the functional graph with a new input size; each
-    `PositionEmbedding` keeps its stored table and resamples it to the new
-    grid on the fly, so a model trained at 128 px runs at 224 px (FixRes
-    fine-tuning, Jumbo paper §4.1.1).
+    Builds the model's class again from its config with the new
+    `image_size` and copies the weights; the position-embedding table is
+    resampled to the new grid (bicubic, antialiased; as timm's
+    `resample_abs_pos_embed`), so a model trained at 128 px runs at 224 px
+    (FixRes fine-tuning, Jumbo paper §4.1.1).
 
     Example:
     >>> small = JumboViT("pico", image_size=32, patch_size=8, num_classes=10)
@@ -436,17 +652,15 @@ def with_image_size(model, image_size):
     (1, 10)
     """
     image_size = to_pair("image_size", image_size)
-    old_shape = model.inputs[0].shape
-    channels_first = any(
-        isinstance(layer, PatchEmbedding)
-        and layer.data_format == "channels_first"
-        for layer in model.layers
-    )
-    if channels_first:
-        shape = (old_shape[1], *image_size)
-    else:
-        shape = (*image_size, old_shape[-1])
-    inputs = keras.Input(shape=shape, name=model.inputs[0].name)
-    clone = keras.models.clone_model(model, input_tensors=inputs)
-    clone.set_weights(model.get_weights())
-    return clone
+    return with_config(model, image_size=image_size)[0]
+
+
+__all__ = [
+    "JumboViT",
+    "RegistersViT",
+    "VIT_SIZES",
+    "ViT",
+    "VisionTransformerBase",
+    "with_config",
+    "with_image_size",
+]

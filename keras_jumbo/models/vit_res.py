@@ -11,12 +11,15 @@ from keras_jumbo.layers import MaskedLayerNorm
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import ResidualSpatialReduction
+from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import TransformerBlock
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
-from keras_jumbo.models.vision_transformer import TokenPooling
+from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.models.base import constructor_arguments
+from keras_jumbo.schedules import drop_path_rates
 
 # Reduction of the image side before the first stage: a stride-2 stem and
 # a stride-7 patch projection (the paper's "patch size 14"). Each of the two
@@ -205,23 +208,21 @@ def _check_image_size(image_size, num_stages):
     return image_size // (STEM_STRIDE * PATCH_SIZE)
 
 
-def build_vit_res(
-    architecture,
+def _vit_res_graph(
+    arch,
     *,
-    num_classes=1000,
-    image_size=224,
-    num_channels=3,
-    token_labeling=False,
-    include_top=True,
-    drop_path_rate=0.0,
-    dropout_rate=0.0,
-    layer_norm_epsilon=1e-6,
-    classifier_activation=None,
-    data_format=None,
-    name=None,
+    num_classes,
+    image_size,
+    num_channels,
+    token_labeling,
+    include_top,
+    drop_path_rate,
+    dropout_rate,
+    layer_norm_epsilon,
+    classifier_activation,
+    data_format,
 ):
-    """Build a multi-stage ViT from an architecture dict (see `ViTRes`)."""
-    arch = validate_architecture(architecture)
+    """`(inputs, outputs)` of a multi-stage ViT (see `ViTRes`)."""
     check_positive_int("num_classes", num_classes)
     check_positive_int("num_channels", num_channels)
     check_rate("drop_path_rate", drop_path_rate)
@@ -235,7 +236,6 @@ def build_vit_res(
             "`token_labeling=True` adds a patch head; it needs "
             "include_top=True. Received: include_top=False"
         )
-    data_format = standardize_data_format(data_format)
     embed_dims, head_dims = arch["embed_dims"], arch["head_dims"]
     grid = _check_image_size(image_size, len(embed_dims))
     if data_format == "channels_last":
@@ -243,7 +243,7 @@ def build_vit_res(
     else:
         input_shape = (num_channels, image_size, image_size)
     depth = sum(len(stage) for stage in arch["blocks"])
-    rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+    rates = drop_path_rates(drop_path_rate, depth)
 
     inputs = keras.Input(shape=input_shape, name="images")
     x = conv_stem(inputs, arch["stem_filters"], data_format)
@@ -278,23 +278,22 @@ def build_vit_res(
             index += 1
     x = MaskedLayerNorm(layer_norm_epsilon, name="final_norm")(x)
     if not include_top:
-        return keras.Model(inputs, x, name=name)
+        return inputs, x
     cls = TokenPooling("token", 1, name="pooling")(x)
     logits = keras.layers.Dense(
         num_classes, activation=classifier_activation, name="head"
     )(cls)
     if not token_labeling:
-        return keras.Model(inputs, logits, name=name)
+        return inputs, logits
     patches = keras.layers.Cropping1D((1, 0), name="patch_tokens")(x)
     patch_logits = keras.layers.Dense(
         num_classes, activation=classifier_activation, name="patch_head"
     )(patches)
-    return keras.Model(
-        inputs, {"logits": logits, "patch_logits": patch_logits}, name=name
-    )
+    return inputs, {"logits": logits, "patch_logits": patch_logits}
 
 
-def ViTRes(size="tiny", *, num_classes=1000, **kwargs):
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class ViTRes(ConfiguredModel):
     """Multi-stage ViT with residual spatial reduction (ViT-Res, §2.2).
 
     DeiT-Tiny reshaped into 3 stages of 4 blocks (Table 4): a convolutional
@@ -309,15 +308,19 @@ def ViTRes(size="tiny", *, num_classes=1000, **kwargs):
             `{"embed_dims": (...), "head_dims": (...), "blocks":
             (((heads, mlp_dim), ...), ...), "stem_filters": 24}`.
         num_classes: int.
-        **kwargs: `image_size` (224; a multiple of 56), `num_channels`,
-            `token_labeling` (add a per-patch head for token labelling,
-            §2.4; the model then returns `{"logits", "patch_logits"}`),
-            `include_top`, `drop_path_rate`, `dropout_rate`,
-            `layer_norm_epsilon`, `classifier_activation`, `data_format`,
-            `name`.
+        image_size: int, 224 (a multiple of 56 for three stages).
+        num_channels: int.
+        token_labeling: bool; add a per-patch head for token labelling
+            (§2.4); the model then returns `{"logits", "patch_logits"}`.
+        include_top: bool; False returns the final-norm tokens.
+        drop_path_rate: stochastic depth, linear over all blocks.
+        dropout_rate, layer_norm_epsilon, classifier_activation,
+        data_format: as `ViT`.
+        name: default `vit_res_<size>` (`vit_res` for a dict).
 
-    Returns:
-        A functional `keras.Model`.
+    The architecture (the size's table entry, or the dict) is the
+    `architecture` attribute; `get_config()` holds `size` (a dict given as
+    `size` is stored validated).
 
     Example:
     >>> model = ViTRes("tiny", num_classes=10, image_size=56)
@@ -327,29 +330,65 @@ def ViTRes(size="tiny", *, num_classes=1000, **kwargs):
     LayerNorm with the same weights, so searched sub-networks and
     standalone models share one weight layout.
     """
-    if isinstance(size, dict):
-        arch = size
-        kwargs.setdefault("name", "vit_res")
-    else:
-        check_choice("size", size, {"tiny"})
-        arch = ARCHITECTURES[f"vit_res_{size}"]
-        kwargs.setdefault("name", f"vit_res_{size}")
-    return build_vit_res(arch, num_classes=num_classes, **kwargs)
+
+    sizes = ("tiny",)
+    _prefix = "vit_res"
+
+    def __init__(
+        self,
+        size="tiny",
+        *,
+        num_classes=1000,
+        image_size=224,
+        num_channels=3,
+        token_labeling=False,
+        include_top=True,
+        drop_path_rate=0.0,
+        dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        classifier_activation=None,
+        data_format=None,
+        name=None,
+        **kwargs,
+    ):
+        config = constructor_arguments(locals())
+        if isinstance(size, dict):
+            arch = validate_architecture(size)
+            config["size"] = arch
+            default_name = self._prefix
+        else:
+            check_choice("size", size, set(self.sizes))
+            arch = validate_architecture(
+                ARCHITECTURES[f"{self._prefix}_{size}"]
+            )
+            default_name = f"{self._prefix}_{size}"
+        config["data_format"] = standardize_data_format(data_format)
+        inputs, outputs = _vit_res_graph(
+            arch,
+            **{k: v for k, v in config.items() if k != "size"},
+        )
+        self._finish(inputs, outputs, config, name or default_name, kwargs)
+        self.architecture = arch
 
 
-def ViTResNAS(size="tiny", *, num_classes=1000, **kwargs):
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class ViTResNAS(ViTRes):
     """The searched ViT-ResNAS networks (Appendix D, Tables 6-8).
 
     Args:
         size: `"tiny"`, `"small"` or `"medium"`.
-        num_classes: int.
-        **kwargs: as `ViTRes`.
+        Other arguments as `ViTRes`.
 
     Example:
     >>> model = ViTResNAS("small", num_classes=10, image_size=56)
+    >>> model.architecture["embed_dims"]
+    (220, 440, 880)
     """
-    check_choice("size", size, {"tiny", "small", "medium"})
-    kwargs.setdefault("name", f"vit_resnas_{size}")
-    return build_vit_res(
-        ARCHITECTURES[f"vit_resnas_{size}"], num_classes=num_classes, **kwargs
-    )
+
+    sizes = ("tiny", "small", "medium")
+    _prefix = "vit_resnas"
+
+
+def build_vit_res(architecture, **kwargs):
+    """A `ViTRes` of an architecture dict (e.g. a searched sub-network)."""
+    return ViTRes(validate_architecture(architecture), **kwargs)

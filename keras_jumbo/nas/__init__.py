@@ -6,6 +6,7 @@ from keras_jumbo.nas.search_space import SearchSpace
 from keras_jumbo.nas.supernet import ApplyChannelMask
 from keras_jumbo.nas.supernet import ChannelMask
 from keras_jumbo.nas.supernet import MultiArchitectureBatches
+from keras_jumbo.nas.supernet import ViTResSuperNet
 from keras_jumbo.nas.supernet import architecture_codes
 from keras_jumbo.nas.supernet import build_supernet
 from keras_jumbo.nas.supernet import evaluate_subnet
@@ -21,6 +22,7 @@ __all__ = [
     "SearchSpace",
     "TokenLabelingMix",
     "architecture_codes",
+    "ViTResSuperNet",
     "build_supernet",
     "count_macs",
     "evaluate_subnet",

@@ -2,6 +2,7 @@
 
 import math
 
+import keras
 import numpy as np
 
 from keras_jumbo.layers._utils import check_choice
@@ -22,6 +23,7 @@ def _descending(name, values):
     return tuple(sorted(set(values), reverse=True))
 
 
+@keras.saving.register_keras_serializable(package="keras_jumbo")
 class SearchSpace:
     """A ViT-Res super-network's search space.
 
@@ -330,6 +332,29 @@ class SearchSpace:
                 macs += _dense(tokens, inner, dims[s])
                 macs += 2 * _dense(tokens, dims[s], mlp)
         return macs + _dense(1, dims[-1], num_classes)
+
+    def get_config(self):
+        """The constructor's arguments (lists), for saving with a model."""
+        return {
+            "embed_dims": [list(d) for d in self.embed_dims],
+            "head_dims": list(self.head_dims),
+            "num_heads": [list(h) for h in self.num_heads],
+            "mlp_dims": [list(f) for f in self.mlp_dims],
+            "skippable": [list(stage) for stage in self.skippable],
+            "stem_filters": self.stem_filters,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __eq__(self, other):
+        if not isinstance(other, SearchSpace):
+            return NotImplemented
+        return self.get_config() == other.get_config()
+
+    def __hash__(self):
+        return hash(repr(self))
 
     def __repr__(self):
         return (

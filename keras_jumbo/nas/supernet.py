@@ -4,22 +4,26 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_jumbo._keras_internals import sublayers
 from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import MaskedLayerNorm
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import ResidualSpatialReduction
+from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import TransformerBlock
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
-from keras_jumbo.models.vision_transformer import TokenPooling
+from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.models.vit_res import PATCH_SIZE
 from keras_jumbo.models.vit_res import _check_image_size
 from keras_jumbo.models.vit_res import build_vit_res
 from keras_jumbo.models.vit_res import conv_stem
 from keras_jumbo.nas.search_space import SearchSpace
 from keras_jumbo.nas.search_space import as_rng
+from keras_jumbo.schedules import drop_path_rates
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -68,17 +72,8 @@ class ApplyChannelMask(keras.layers.Layer):
         return inputs * ops.cast(channel_mask, inputs.dtype)
 
 
-def build_supernet(
-    space,
-    *,
-    num_classes=1000,
-    image_size=224,
-    num_channels=3,
-    drop_path_rate=0.0,
-    layer_norm_epsilon=1e-6,
-    data_format=None,
-    name="vit_res_supernet",
-):
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class ViTResSuperNet(ConfiguredModel):
     """The weight-sharing super-network of `space` (ViT-ResNAS §2.3).
 
     Inputs: `{"images": ..., "architecture": int codes (batch,
@@ -91,20 +86,74 @@ def build_supernet(
     standalone sub-network returned by `extract_subnet` (tested).
 
     Args:
-        space: a `SearchSpace`.
+        space: a `SearchSpace` (or its config dict).
         num_classes, image_size, num_channels, drop_path_rate,
         layer_norm_epsilon, data_format, name: as `ViTRes`.
 
-    Returns:
-        A functional `keras.Model` returning logits.
+    The model returns logits; `space` and the other arguments are its
+    config and attributes (what `extract_subnet` reads).
+
+    Example:
+    >>> space = SearchSpace.preset("tiny")
+    >>> supernet = ViTResSuperNet(space, num_classes=10, image_size=56)
+    >>> supernet.space.code_length
+    57
     """
-    if not isinstance(space, SearchSpace):
-        raise TypeError(
-            f"`space` must be a SearchSpace. Received: {type(space).__name__}"
+
+    def __init__(
+        self,
+        space,
+        *,
+        num_classes=1000,
+        image_size=224,
+        num_channels=3,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        data_format=None,
+        name="vit_res_supernet",
+        **kwargs,
+    ):
+        config = constructor_arguments(locals())
+        if isinstance(space, dict):
+            # A saved config: `{"embed_dims": ...}` or its serialised form.
+            space = SearchSpace.from_config(space.get("config", space))
+        if not isinstance(space, SearchSpace):
+            raise TypeError(
+                "`space` must be a SearchSpace. "
+                f"Received: {type(space).__name__}"
+            )
+        data_format = standardize_data_format(data_format)
+        config.update(space=space, data_format=data_format)
+        inputs, logits = _supernet_graph(
+            space,
+            num_classes=num_classes,
+            image_size=image_size,
+            num_channels=num_channels,
+            drop_path_rate=drop_path_rate,
+            layer_norm_epsilon=layer_norm_epsilon,
+            data_format=data_format,
         )
+        self._finish(inputs, logits, config, name, kwargs)
+
+
+def build_supernet(space, **kwargs):
+    """`ViTResSuperNet(space, **kwargs)` (the name earlier releases used)."""
+    return ViTResSuperNet(space, **kwargs)
+
+
+def _supernet_graph(
+    space,
+    *,
+    num_classes,
+    image_size,
+    num_channels,
+    drop_path_rate,
+    layer_norm_epsilon,
+    data_format,
+):
     check_positive_int("num_classes", num_classes)
+    check_positive_int("num_channels", num_channels)
     check_rate("drop_path_rate", drop_path_rate)
-    data_format = standardize_data_format(data_format)
     grid = _check_image_size(image_size, space.num_stages)
     if data_format == "channels_last":
         input_shape = (image_size, image_size, num_channels)
@@ -112,7 +161,7 @@ def build_supernet(
         input_shape = (num_channels, image_size, image_size)
     widths = [max(d) for d in space.embed_dims]
     depth = sum(len(stage) for stage in space.skippable)
-    rates = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+    rates = drop_path_rates(drop_path_rate, depth)
 
     images = keras.Input(shape=input_shape, name="images")
     codes = keras.Input(
@@ -182,9 +231,7 @@ def build_supernet(
     )
     x = TokenPooling("token", 1, name="pooling")(x)
     logits = keras.layers.Dense(num_classes, name="head")(x)
-    return keras.Model(
-        {"images": images, "architecture": codes}, logits, name=name
-    )
+    return {"images": images, "architecture": codes}, logits
 
 
 def architecture_codes(space, architectures, batch_size):
@@ -369,7 +416,7 @@ def slice_layer_weights(source, target):
 
 
 def _owner_attention(layer, variable):
-    for sub in layer._flatten_layers(include_self=True, recursive=True):
+    for sub in sublayers(layer, include_self=True):
         if hasattr(sub, "qkv") and any(v is variable for v in sub.qkv.weights):
             return sub
     raise ValueError(f"No attention layer owns {variable.path}")
@@ -386,20 +433,24 @@ def extract_subnet(supernet, space, arch, name=None):
         raise TypeError(
             f"`space` must be a SearchSpace. Received: {type(space).__name__}"
         )
+    if not isinstance(supernet, ViTResSuperNet):
+        raise TypeError(
+            "`supernet` must be a ViTResSuperNet. Received: "
+            f"{type(supernet).__name__}"
+        )
+    if space != supernet.space:
+        raise ValueError(
+            "`space` is not the super-network's search space. Received: "
+            f"{space!r}; the super-network has {supernet.space!r}"
+        )
     arch = space.validate(arch)
-    images = supernet.get_layer("patch_embedding")
-    data_format = images.data_format
-    shape = supernet.input["images"].shape
-    image_size = shape[1] if data_format == "channels_last" else shape[2]
-    channels = shape[-1] if data_format == "channels_last" else shape[1]
-    num_classes = supernet.get_layer("head").units
     model = build_vit_res(
         space.to_architecture(arch),
-        num_classes=num_classes,
-        image_size=image_size,
-        num_channels=channels,
-        layer_norm_epsilon=supernet.get_layer("final_norm").epsilon,
-        data_format=data_format,
+        num_classes=supernet.num_classes,
+        image_size=supernet.image_size,
+        num_channels=supernet.num_channels,
+        layer_norm_epsilon=supernet.layer_norm_epsilon,
+        data_format=supernet.data_format,
         name=name or "vit_res_subnet",
     )
     mapping = {}

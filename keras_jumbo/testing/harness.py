@@ -184,15 +184,16 @@ def run_model_test(model, inputs, loss="mse", check_gradients=True):
     """The checks every registered model passes (tiny configs).
 
     Randomises every weight first (zero heads would stop gradients), then:
-    forward is finite; one training step moves every trainable weight
-    (every weight gets a gradient); `.keras` save/load reproduces the
-    outputs exactly.
+    forward is finite; `.keras` save/load gives the same class back and
+    reproduces the outputs exactly; one training step moves every trainable
+    weight (every weight gets a gradient).
     """
     randomize_weights(model)
     outputs = model(inputs)
     values = _numpy(outputs)
     assert np.all(np.isfinite(values)), "non-finite forward output"
     reloaded = _save_and_reload(model)
+    assert type(reloaded) is type(model), (type(reloaded), type(model))
     assert_allclose(reloaded(inputs), outputs, atol=0, rtol=0)
     if check_gradients:
         target = np.random.default_rng(1).normal(size=values.shape)

@@ -25,13 +25,6 @@ def images(batch=2, size=56, seed=0):
     return rng.normal(size=(batch, size, size, 3)).astype("float32")
 
 
-def test_model_checks_on_a_tiny_architecture():
-    # The presets go through the same builder; full-size models are only
-    # built to be counted (Table 3 test below).
-    model = models.ViTRes(TINY_ARCH, num_classes=5, image_size=56)
-    run_model_test(model, images())
-
-
 def test_channels_first_and_token_labeling_model_checks():
     model = models.ViTRes(
         TINY_ARCH, num_classes=5, image_size=56, data_format="channels_first"

@@ -1,0 +1,173 @@
+"""Every registered model, through one harness: coverage cannot drift.
+
+Each `list_models()` name is built at a tiny size (same family and
+structure, small widths) and must: be an instance of its model class,
+have `get_config()` == its class's constructor arguments, round-trip
+`from_config` and JSON serialisation, and pass `run_model_test` (finite
+forward, a gradient for every weight, `.keras` save/load giving the class
+back with identical outputs).
+"""
+
+import inspect
+import json
+import re
+
+import keras
+import numpy as np
+import pytest
+
+from keras_jumbo import models
+from keras_jumbo import nas
+from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.testing import run_model_test
+
+MODEL_CLASSES = (
+    models.ViT,
+    models.RegistersViT,
+    models.JumboViT,
+    models.NonDeepViT,
+    models.PatchTSTClassifier,
+    models.PatchTSTForecaster,
+    models.MSPatchTST,
+    models.ViTRes,
+    models.ViTResNAS,
+    nas.ViTResSuperNet,
+)
+
+IMAGE = dict(hidden_dim=16, num_heads=2, depth=2, image_size=16, patch_size=8)
+SERIES = dict(hidden_dim=16, num_heads=2, depth=1, mlp_dim=16)
+
+
+# A tiny 3-stage ViT-Res architecture at 56 px (4x4, 2x2, 1x1 grids). The
+# registered ViT-Res / ViT-ResNAS sizes differ only in their architecture
+# tables, whose parameter counts the Table 3 tests check at full size.
+TINY_ARCH = dict(
+    stem_filters=4,
+    embed_dims=(8, 12, 16),
+    head_dims=(4, 4, 8),
+    blocks=(((2, 16),), ((3, 24), (2, 12)), ((2, 32),)),
+)
+SIZE_SUFFIX = re.compile(r"_(pico|nano|tiny|small|base|medium)$")
+
+
+def model_groups():
+    """Registered names grouped by what differs at a tiny size.
+
+    The sizes of one family are the same model once the tiny overrides
+    replace their widths, so one of each group is built; every registered
+    name belongs to exactly one group.
+    """
+    groups = {}
+    for name in models.list_models():
+        groups.setdefault(SIZE_SUFFIX.sub("", name), []).append(name)
+    return groups
+
+
+def tiny(name):
+    """Overrides making `name` tiny, and an input batch for it."""
+    rng = np.random.default_rng(0)
+    if name.startswith(("vit_res", "vit_resnas")):
+        x = rng.normal(size=(2, 56, 56, 3))
+        return {"size": TINY_ARCH, "num_classes": 3, "image_size": 56}, x
+    if name.startswith(("patchtst_forecaster", "ms_patchtst")):
+        x = rng.normal(size=(2, 32, 2))
+        return {
+            "sequence_length": 32,
+            "horizon": 8,
+            "num_channels": 2,
+            **SERIES,
+        }, x
+    if name.startswith("patchtst"):
+        x = rng.normal(size=(2, 32, 2))
+        return {
+            "num_classes": 3,
+            "sequence_length": 32,
+            "num_channels": 2,
+            **SERIES,
+        }, x
+    x = rng.normal(size=(2, 16, 16, 3))
+    overrides = {**IMAGE, "num_classes": 3}
+    if name.startswith("registers"):
+        overrides["num_registers"] = 2
+    if name.startswith("jumbo"):
+        overrides["jumbo_multiplier"] = 2
+    if name.startswith("non_deep"):
+        overrides["depth"] = 1
+    return overrides, x
+
+
+def constructor_arguments(cls):
+    """Argument names of `cls` and of the classes it forwards **kwargs to."""
+    names = set()
+    for klass in cls.__mro__:
+        if klass is ConfiguredModel:
+            break
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(klass.__init__).parameters
+        names |= {
+            n
+            for n, p in parameters.items()
+            if n != "self" and p.kind is not p.VAR_KEYWORD
+        }
+    return names
+
+
+def normalised(config):
+    return json.loads(json.dumps(config, default=lambda o: o.get_config()))
+
+
+def test_every_registered_name_is_in_a_checked_group():
+    grouped = sorted(n for names in model_groups().values() for n in names)
+    assert grouped == models.list_models()
+
+
+@pytest.mark.parametrize(
+    "group", sorted(model_groups()), ids=lambda group: group
+)
+def test_every_registered_model_passes_the_model_checks(group):
+    name = model_groups()[group][0]
+    overrides, x = tiny(name)
+    model = models.create_model(name, **overrides)
+    cls = type(model)
+    assert cls in MODEL_CLASSES, cls
+    config = model.get_config()
+    assert set(config) == constructor_arguments(cls) | {"name", "trainable"}
+    assert cls.from_config(config).get_config() == config
+    restored = keras.saving.deserialize_keras_object(
+        json.loads(json.dumps(keras.saving.serialize_keras_object(model)))
+    )
+    assert type(restored) is cls
+    assert normalised(restored.get_config()) == normalised(config)
+    run_model_test(model, x.astype("float32"))
+
+
+def test_the_supernet_is_a_model_class_too():
+    space = nas.SearchSpace(
+        embed_dims=((8, 6), (12, 8), (16, 12)),
+        head_dims=(4, 4, 8),
+        num_heads=((2, 1), (3, 2), (2, 1)),
+        mlp_dims=((16, 8), (24, 12), (32, 16)),
+        skippable=((False, True),) * 3,
+        stem_filters=4,
+    )
+    model = nas.ViTResSuperNet(space, num_classes=3, image_size=56)
+    config = model.get_config()
+    assert config["space"] == space
+    cls = nas.ViTResSuperNet
+    assert set(config) == constructor_arguments(cls) | {"name", "trainable"}
+    rng = np.random.default_rng(0)
+    codes = np.stack([space.encode(space.largest())] * 2).astype("int32")
+    inputs = {
+        "images": rng.normal(size=(2, 56, 56, 3)).astype("float32"),
+        "architecture": codes,
+    }
+    run_model_test(model, inputs)
+    with pytest.raises(TypeError, match="space"):
+        nas.ViTResSuperNet("tiny")
+
+
+@pytest.mark.parametrize("cls", MODEL_CLASSES[:4])
+def test_unknown_arguments_are_refused(cls):
+    with pytest.raises(TypeError, match="hiden_dim"):
+        cls(hiden_dim=8)
