@@ -26,5 +26,22 @@ def rng():
     return np.random.default_rng(0)
 
 
+def official_fixture():
+    """The official Jumbo pico fixture: state dict, input, outputs, config.
+
+    Returns `(state, input_nchw, logits, features, config)`.
+    """
+    import ast
+
+    data = np.load(os.path.join(FIXTURES, "jumbo_official_pico_seed0.npz"))
+    state = {
+        key.removeprefix("state_dict/"): data[key]
+        for key in data.files
+        if key.startswith("state_dict/")
+    }
+    config = ast.literal_eval(str(data["config"]))
+    return state, data["input_nchw"], data["logits"], data["features"], config
+
+
 def numpy(x):
     return keras.ops.convert_to_numpy(x)

@@ -282,6 +282,6 @@ def test_channel_mask_layers():
     mask = numpy(nas.ChannelMask(6, 1, unit=2)(codes))
     assert_allclose(mask[:, 0], np.arange(6)[None] < 2 * codes[:, 1:], atol=0)
     x = np.ones((3, 2, 6), "float32")
-    assert_allclose(nas.ApplyChannelMask()(x, mask), x * mask, atol=0)
+    assert_allclose(nas.ApplyChannelMask()([x, mask]), x * mask, atol=0)
     with pytest.raises(ValueError, match="width"):
         nas.ChannelMask(0, 1)

@@ -1,7 +1,7 @@
 import keras
 
-from keras_jumbo.data.augment import _step_seed
 from keras_jumbo.data.augment import reseed
+from keras_jumbo.data.augment import step_seed
 
 
 class EpochSeed(keras.callbacks.Callback):
@@ -39,7 +39,7 @@ class EpochSeed(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         for dataset in self.datasets:
             dataset.set_epoch(epoch)
-        epoch_seed = _step_seed(self.seed, epoch)
+        epoch_seed = step_seed(self.seed, epoch)
         reseed(self.model, epoch_seed)
         # Layers built without a seed draw from the global generators on
         # some backends (PyTorch's dropout uses torch's global RNG): seed

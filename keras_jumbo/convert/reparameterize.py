@@ -177,7 +177,7 @@ def reparameterize(
             key_dim=key_dim,
             value_dim=value_dim,
             use_bias=block.attention.use_bias,
-            name=f"block_{index}_attention",
+            name=f"block_{index}attention_macs",
         )
         h = norm1(x)
         # Keras' einsum attention path: any key/value widths, every backend.

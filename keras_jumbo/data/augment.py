@@ -41,7 +41,7 @@ def reseed(layer, seed):
         generator.state.assign(state)
 
 
-def _step_seed(seed, *parts):
+def step_seed(seed, *parts):
     """A 31-bit seed from an int tuple (stable across runs and platforms)."""
     sequence = np.random.SeedSequence([int(seed), *map(int, parts)])
     return int(sequence.generate_state(1)[0] % (2**31 - 1))
@@ -194,11 +194,11 @@ class MixUpOrCutMix:
     def __call__(self, images, labels, seed):
         layer = self.mixup or self.cutmix
         if self.mixup is not None and self.cutmix is not None:
-            draw = np.random.default_rng(_step_seed(seed, 1)).random()
+            draw = np.random.default_rng(step_seed(seed, 1)).random()
             layer = self.cutmix if draw < self.switch_prob else self.mixup
         if layer is None:
             return images, labels
-        reseed(layer, _step_seed(seed, 2))
+        reseed(layer, step_seed(seed, 2))
         out = layer({"images": images, "labels": labels}, training=True)
         return out["images"], out["labels"]
 
@@ -229,7 +229,7 @@ class BatchAugmentation:
         images = ops.convert_to_tensor(images, "float32")
         labels = ops.convert_to_tensor(labels, "float32")
         for index, layer in enumerate(self.image_layers):
-            reseed(layer, _step_seed(seed, 10 + index))
+            reseed(layer, step_seed(seed, 10 + index))
             images = layer(images, training=True)
         if self.mix is not None:
             images, labels = self.mix(images, labels, seed)

@@ -5,7 +5,7 @@ tensorflow-datasets data the user has already prepared."""
 import keras
 import numpy as np
 
-from keras_jumbo.data.augment import _step_seed
+from keras_jumbo.data.augment import step_seed
 from keras_jumbo.layers._utils import check_positive_int
 
 
@@ -113,7 +113,7 @@ class ImageBatches(keras.utils.PyDataset):
             labels = np.eye(self.num_classes, dtype="float32")[labels]
         if self.augmentation is not None:
             images, labels = self.augmentation(
-                images, labels, _step_seed(self.seed, self.epoch, index)
+                images, labels, step_seed(self.seed, self.epoch, index)
             )
         images = np.asarray(images, "float32")
         if self.mean is not None:
@@ -241,7 +241,7 @@ def augmented_batches(dataset, augmentation, seed=0, mean=None, std=None):
         for index, (images, labels) in enumerate(iterator):
             if augmentation is not None:
                 images, labels = augmentation(
-                    images, labels, _step_seed(seed, epoch, index)
+                    images, labels, step_seed(seed, epoch, index)
                 )
             images = np.asarray(images, "float32")
             if mean is not None:

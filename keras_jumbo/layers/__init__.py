@@ -2,6 +2,8 @@
 
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
+from keras_jumbo.layers.channel_mask import ApplyChannelMask
+from keras_jumbo.layers.channel_mask import ChannelMask
 from keras_jumbo.layers.class_token import ClassToken
 from keras_jumbo.layers.fold_channels import FoldChannels
 from keras_jumbo.layers.imagenet_preprocessing import ImageNetPreprocessing
@@ -32,6 +34,8 @@ from keras_jumbo.layers.transformer_block import TransformerBlock
 from keras_jumbo.layers.transformer_encoder import TransformerEncoder
 
 __all__ = [
+    "ApplyChannelMask",
+    "ChannelMask",
     "BlockwiseMHSA",
     "ParallelBranchBlock",
     "ProgressiveJoin",

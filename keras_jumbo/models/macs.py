@@ -85,11 +85,11 @@ def _tokens(shape):
     return math.prod(shape[:-1])
 
 
-def _dense(tokens, fan_in, fan_out):
+def dense_macs(tokens, fan_in, fan_out):
     return tokens * fan_in * fan_out
 
 
-def _attention(q_len, k_len, heads, key_dim, value_dim):
+def attention_macs(q_len, k_len, heads, key_dim, value_dim):
     """QKᵀ and AV of one attention."""
     return heads * q_len * k_len * (key_dim + value_dim)
 
@@ -202,7 +202,9 @@ def count_macs(model):
 # --- stock Keras layers ------------------------------------------------
 @register_mac_rule(keras.layers.Dense)
 def _dense_rule(layer, input_shapes, output_shape):
-    return _dense(_tokens(input_shapes[0]), input_shapes[0][-1], layer.units)
+    return dense_macs(
+        _tokens(input_shapes[0]), input_shapes[0][-1], layer.units
+    )
 
 
 @register_mac_rule(keras.layers.EinsumDense)
@@ -246,11 +248,11 @@ def _mha_rule(layer, input_shapes, output_shape):
     value_dim = layer.value_dim or key_dim
     q_len, k_len = _tokens(query), _tokens(key)
     return (
-        _dense(q_len, query[-1], heads * key_dim)
-        + _dense(k_len, key[-1], heads * key_dim)
-        + _dense(_tokens(value), value[-1], heads * value_dim)
-        + _attention(q_len, k_len, heads, key_dim, value_dim)
-        + _dense(q_len, heads * value_dim, output_shape[-1])
+        dense_macs(q_len, query[-1], heads * key_dim)
+        + dense_macs(k_len, key[-1], heads * key_dim)
+        + dense_macs(_tokens(value), value[-1], heads * value_dim)
+        + attention_macs(q_len, k_len, heads, key_dim, value_dim)
+        + dense_macs(q_len, heads * value_dim, output_shape[-1])
     )
 
 
@@ -290,9 +292,9 @@ def _self_attention_rule(layer, input_shapes, output_shape):
     head_dim = layer.head_dim
     inner = layer.num_heads * head_dim
     return (
-        _dense(length, dim, 3 * inner)
-        + _attention(length, length, layer.num_heads, head_dim, head_dim)
-        + _dense(length, inner, dim)
+        dense_macs(length, dim, 3 * inner)
+        + attention_macs(length, length, layer.num_heads, head_dim, head_dim)
+        + dense_macs(length, inner, dim)
     )
 
 
@@ -315,7 +317,7 @@ def _transformer_block_rule(layer, input_shapes, output_shape, shared=None):
             )
         macs += _mlp_rule(mlp, [jumbo], jumbo)
         if layer.jumbo_lora_rank is not None:
-            macs += 2 * _dense(1, num_jumbo * dim, layer.jumbo_lora_rank)
+            macs += 2 * dense_macs(1, num_jumbo * dim, layer.jumbo_lora_rank)
     return macs
 
 
@@ -337,9 +339,9 @@ def _blockwise_rule(layer, input_shapes, output_shape):
     key_dim = layer.query_kernel.shape[-1]
     value_dim = layer.value_kernel.shape[-1]
     per_branch = (
-        _dense(length, dim, heads * (2 * key_dim + value_dim))
-        + _attention(length, length, heads, key_dim, value_dim)
-        + _dense(length, heads * value_dim, dim)
+        dense_macs(length, dim, heads * (2 * key_dim + value_dim))
+        + attention_macs(length, length, heads, key_dim, value_dim)
+        + dense_macs(length, heads * value_dim, dim)
     )
     return layer.num_branches * per_branch
 
@@ -347,7 +349,7 @@ def _blockwise_rule(layer, input_shapes, output_shape):
 @register_mac_rule(ParallelBranchBlock)
 def _parallel_block_rule(layer, input_shapes, output_shape):
     shape = input_shapes[0]
-    ffn = 2 * _dense(shape[1], shape[-1], layer.mlp_dim)
+    ffn = 2 * dense_macs(shape[1], shape[-1], layer.mlp_dim)
     return (
         _blockwise_rule(layer.attention, input_shapes, output_shape)
         + layer.num_branches * ffn
@@ -362,4 +364,4 @@ def _reduction_rule(layer, input_shapes, output_shape):
     _, length, dim = output_shape
     patches = length - layer.num_prefix_tokens
     conv = patches * 9 * layer.input_dim * dim
-    return conv + _dense(layer.num_prefix_tokens, layer.input_dim, dim)
+    return conv + dense_macs(layer.num_prefix_tokens, layer.input_dim, dim)

@@ -6,7 +6,7 @@ from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.models.vision_transformer import VisionTransformerBase
-from keras_jumbo.models.vision_transformer import _graph_defaults
+from keras_jumbo.models.vision_transformer import graph_defaults
 from keras_jumbo.schedules import drop_path_rates
 
 
@@ -118,7 +118,7 @@ class NonDeepViT(VisionTransformerBase):
         check_rate("drop_path_rate", drop_path_rate)
         self._build(
             config,
-            {**_graph_defaults(), **config},
+            {**graph_defaults(), **config},
             name or f"non_deep_vit_{depth}x{num_branches}",
             kwargs,
         )

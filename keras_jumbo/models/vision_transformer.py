@@ -349,7 +349,7 @@ class VisionTransformerBase(ConfiguredModel):
         return save_to_preset(self, preset_dir)
 
 
-def _graph_defaults():
+def graph_defaults():
     """Every option of the shared graph, at the values of a plain ViT."""
     return dict(
         num_classes=1000,
@@ -469,7 +469,7 @@ class ViT(VisionTransformerBase):
         config = _sized(constructor_arguments(locals()), size)
         self._build(
             config,
-            {**_graph_defaults(), **config},
+            {**graph_defaults(), **config},
             name or f"{self._name_prefix}_{size}",
             kwargs,
         )
@@ -576,7 +576,7 @@ class JumboViT(VisionTransformerBase):
         check_positive_int("jumbo_multiplier", config["jumbo_multiplier"])
         self._build(
             config,
-            {**_graph_defaults(), **config, "use_class_token": False},
+            {**graph_defaults(), **config, "use_class_token": False},
             name or f"jumbo_vit_{size}",
             kwargs,
         )

@@ -194,7 +194,7 @@ def conv_stem(x, filters, data_format, name="stem"):
     return keras.layers.Add(name=f"{name}_residual")([first, h])
 
 
-def _check_image_size(image_size, num_stages):
+def token_grid_size(image_size, num_stages):
     factor = STEM_STRIDE * PATCH_SIZE * 2 ** (num_stages - 1)
     if isinstance(image_size, bool) or not isinstance(image_size, int):
         raise TypeError(
@@ -237,7 +237,7 @@ def _vit_res_graph(
             "include_top=True. Received: include_top=False"
         )
     embed_dims, head_dims = arch["embed_dims"], arch["head_dims"]
-    grid = _check_image_size(image_size, len(embed_dims))
+    grid = token_grid_size(image_size, len(embed_dims))
     if data_format == "channels_last":
         input_shape = (image_size, image_size, num_channels)
     else:

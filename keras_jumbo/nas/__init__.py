@@ -1,10 +1,10 @@
 """Weight-sharing NAS for multi-stage ViTs (ViT-ResNAS)."""
 
+from keras_jumbo.layers import ApplyChannelMask
+from keras_jumbo.layers import ChannelMask
 from keras_jumbo.models.macs import count_macs
 from keras_jumbo.nas.evolution import evolutionary_search
 from keras_jumbo.nas.search_space import SearchSpace
-from keras_jumbo.nas.supernet import ApplyChannelMask
-from keras_jumbo.nas.supernet import ChannelMask
 from keras_jumbo.nas.supernet import MultiArchitectureBatches
 from keras_jumbo.nas.supernet import ViTResSuperNet
 from keras_jumbo.nas.supernet import architecture_codes

@@ -7,11 +7,11 @@ import numpy as np
 
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
-from keras_jumbo.models.macs import _attention
-from keras_jumbo.models.macs import _dense
+from keras_jumbo.models.macs import attention_macs
+from keras_jumbo.models.macs import dense_macs
 from keras_jumbo.models.vit_res import PATCH_SIZE
 from keras_jumbo.models.vit_res import STEM_STRIDE
-from keras_jumbo.models.vit_res import _check_image_size
+from keras_jumbo.models.vit_res import token_grid_size
 
 
 def _descending(name, values):
@@ -309,7 +309,7 @@ class SearchSpace:
         each reduction's 3x3 stride-2 convolution and token Linear, head.
         """
         arch = self.validate(arch)
-        grid = _check_image_size(image_size, self.num_stages)
+        grid = token_grid_size(image_size, self.num_stages)
         stem = (image_size // STEM_STRIDE) ** 2 * 9 * self.stem_filters
         macs = stem * (num_channels + 2 * self.stem_filters)
         dims = arch["embed_dims"]
@@ -318,20 +318,20 @@ class SearchSpace:
             if s:
                 grid //= 2
                 macs += grid * grid * 9 * dims[s - 1] * dims[s]
-                macs += _dense(1, dims[s - 1], dims[s])
+                macs += dense_macs(1, dims[s - 1], dims[s])
             tokens = grid * grid + 1
             for slot in stage:
                 if slot is None:
                     continue
                 heads, mlp = slot
                 inner = heads * self.head_dims[s]
-                macs += _dense(tokens, dims[s], 3 * inner)
-                macs += _attention(
+                macs += dense_macs(tokens, dims[s], 3 * inner)
+                macs += attention_macs(
                     tokens, tokens, heads, self.head_dims[s], self.head_dims[s]
                 )
-                macs += _dense(tokens, inner, dims[s])
-                macs += 2 * _dense(tokens, dims[s], mlp)
-        return macs + _dense(1, dims[-1], num_classes)
+                macs += dense_macs(tokens, inner, dims[s])
+                macs += 2 * dense_macs(tokens, dims[s], mlp)
+        return macs + dense_macs(1, dims[-1], num_classes)
 
     def get_config(self):
         """The constructor's arguments (lists), for saving with a model."""

@@ -5,6 +5,8 @@ import numpy as np
 from keras import ops
 
 from keras_jumbo._keras_internals import sublayers
+from keras_jumbo.layers import ApplyChannelMask
+from keras_jumbo.layers import ChannelMask
 from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import MaskedLayerNorm
 from keras_jumbo.layers import PatchEmbedding
@@ -18,58 +20,12 @@ from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.models.vit_res import PATCH_SIZE
-from keras_jumbo.models.vit_res import _check_image_size
 from keras_jumbo.models.vit_res import build_vit_res
 from keras_jumbo.models.vit_res import conv_stem
+from keras_jumbo.models.vit_res import token_grid_size
 from keras_jumbo.nas.search_space import SearchSpace
 from keras_jumbo.nas.search_space import as_rng
 from keras_jumbo.schedules import drop_path_rates
-
-
-@keras.saving.register_keras_serializable(package="keras_jumbo")
-class ChannelMask(keras.layers.Layer):
-    """A per-example prefix mask from one column of architecture codes.
-
-    `mask[b, 0, c] = 1 if c < unit * codes[b, index] else 0`, shape
-    `(batch, 1, width)`. `unit` turns a head count into channels (the head
-    width); a block's keep flag uses `width=1`.
-
-    Args:
-        width: int, channels of the mask.
-        index: int, the code column.
-        unit: int, channels per code unit.
-        **kwargs: base `keras.layers.Layer` arguments.
-    """
-
-    def __init__(self, width, index, unit=1, **kwargs):
-        super().__init__(**kwargs)
-        self.width = check_positive_int("width", width)
-        self.index = check_positive_int("index", index, allow_zero=True)
-        self.unit = check_positive_int("unit", unit)
-
-    def call(self, codes):
-        active = ops.cast(codes[:, self.index], "int32") * self.unit
-        channels = ops.arange(self.width, dtype="int32")
-        mask = ops.less(channels[None, None, :], active[:, None, None])
-        return ops.cast(mask, self.compute_dtype)
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], 1, self.width)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {"width": self.width, "index": self.index, "unit": self.unit}
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package="keras_jumbo")
-class ApplyChannelMask(keras.layers.Layer):
-    """`inputs * mask` (mask broadcast over tokens)."""
-
-    def call(self, inputs, channel_mask):
-        return inputs * ops.cast(channel_mask, inputs.dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -154,7 +110,7 @@ def _supernet_graph(
     check_positive_int("num_classes", num_classes)
     check_positive_int("num_channels", num_channels)
     check_rate("drop_path_rate", drop_path_rate)
-    grid = _check_image_size(image_size, space.num_stages)
+    grid = token_grid_size(image_size, space.num_stages)
     if data_format == "channels_last":
         input_shape = (image_size, image_size, num_channels)
     else:
@@ -178,7 +134,7 @@ def _supernet_graph(
     x = PositionEmbedding(grid, name="position_embedding")(x)
     x = keras.layers.Reshape((-1, widths[0]), name="flatten")(x)
     x = ClassToken(name="class_token")(x)
-    x = ApplyChannelMask(name="embed_masking")(x, embed_masks[0])
+    x = ApplyChannelMask(name="embed_masking")([x, embed_masks[0]])
     column = space.num_stages
     index = 0
     for s, stage in enumerate(space.skippable):

@@ -1,6 +1,3 @@
-import ast
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -9,21 +6,12 @@ from keras_jumbo.convert import load_official_jumbo
 from keras_jumbo.convert import official_jumbo_model
 from keras_jumbo.models import JumboViT
 from keras_jumbo.testing import assert_allclose
-from tests.conftest import FIXTURES
-
-FIXTURE = os.path.join(FIXTURES, "jumbo_official_pico_seed0.npz")
+from tests.conftest import official_fixture
 
 
 @pytest.fixture(scope="module")
 def official():
-    data = np.load(FIXTURE)
-    state = {
-        key.removeprefix("state_dict/"): data[key]
-        for key in data.files
-        if key.startswith("state_dict/")
-    }
-    config = ast.literal_eval(str(data["config"]))
-    return state, data["input_nchw"], data["logits"], data["features"], config
+    return official_fixture()
 
 
 def _model(config, **kwargs):

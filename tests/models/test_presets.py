@@ -7,7 +7,6 @@ same `keras.utils.get_file` download, strict conversion, converted cache and
 second load without the converter that a user's first call goes through.
 """
 
-import ast
 import hashlib
 import logging
 import os
@@ -28,22 +27,13 @@ from keras_jumbo.presets import loader
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
-from tests.conftest import FIXTURES
-
-FIXTURE = os.path.join(FIXTURES, "jumbo_official_pico_seed0.npz")
+from tests.conftest import official_fixture
 
 
 @pytest.fixture(scope="module")
 def official():
-    data = np.load(FIXTURE)
-    state = {
-        key.removeprefix("state_dict/"): data[key]
-        for key in data.files
-        if key.startswith("state_dict/")
-    }
-    config = ast.literal_eval(str(data["config"]))
-    nhwc = np.transpose(data["input_nchw"], (0, 2, 3, 1))
-    return state, nhwc, data["logits"], config
+    state, images, logits, _, config = official_fixture()
+    return state, np.transpose(images, (0, 2, 3, 1)), logits, config
 
 
 def write_pth(state, path):
@@ -209,6 +199,10 @@ def test_saved_preset_directory_round_trips(tmp_path, caplog):
         ViT.from_preset(path)
     with pytest.raises(ValueError, match="alter"):
         JumboViT.from_preset(path, hidden_dim=32, num_heads=2)
+    with pytest.raises(ValueError, match="num_classes"):
+        JumboViT.from_preset(path, num_classes=0)
+    with pytest.raises(TypeError, match="hiden_dim"):
+        JumboViT.from_preset(path, hiden_dim=8)
 
 
 def test_preset_errors_name_the_argument(official, tmp_path, monkeypatch):
