@@ -47,9 +47,10 @@ class JoinSchedule(keras.callbacks.Callback):
         warmup_steps: int >= 0, length of the warmup in steps.
         update_every: int >= 1, set λ every this many steps (1 = each step).
 
-    Example:
-    >>> model.fit(ds, epochs=30, callbacks=[JoinSchedule("linear", 10_000)])
-    ... # doctest: +SKIP
+    Example (`model` a `NonDeepViT`, `ds` a dataset):
+    ```python
+    model.fit(ds, epochs=30, callbacks=[JoinSchedule("linear", 10_000)])
+    ```
     """
 
     def __init__(self, schedule="linear", warmup_steps=10_000, update_every=1):

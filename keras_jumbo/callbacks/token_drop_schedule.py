@@ -44,10 +44,11 @@ class TokenDropSchedule(keras.callbacks.Callback):
         total_steps: int or None; None derives it from `fit`'s epochs and
             steps per epoch.
 
-    Example:
-    >>> model = JumboViT("nano", token_drop_rate=0.9)  # doctest: +SKIP
-    >>> model.fit(ds, epochs=50,
-    ...           callbacks=[TokenDropSchedule(0.9, 0.1)])  # doctest: +SKIP
+    Example (`ds` a dataset):
+    ```python
+    model = JumboViT("nano", token_drop_rate=0.9)
+    model.fit(ds, epochs=50, callbacks=[TokenDropSchedule(0.9, 0.1)])
+    ```
     """
 
     def __init__(self, start=0.9, end=0.1, total_steps=None):

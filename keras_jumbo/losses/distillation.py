@@ -106,13 +106,13 @@ class Distiller(keras.Model):
         temperature: float > 0.
         label_loss_weight: float in [0, 1].
 
-    Example:
-    >>> distiller = Distiller(JumboViT("nano", image_size=128),
-    ...                       teacher)  # doctest: +SKIP
-    >>> distiller.compile(optimizer="adamw",
-    ...                   metrics=["categorical_accuracy"])  # doctest: +SKIP
-    >>> distiller.fit(ds, epochs=400)  # doctest: +SKIP
-    >>> distiller.student.save("student.keras")  # doctest: +SKIP
+    Example (`teacher` any Keras classifier, `ds` a dataset):
+    ```python
+    distiller = Distiller(JumboViT("nano", image_size=128), teacher)
+    distiller.compile(optimizer="adamw", metrics=["categorical_accuracy"])
+    distiller.fit(ds, epochs=400)
+    distiller.student.save("student.keras")
+    ```
     """
 
     def __init__(

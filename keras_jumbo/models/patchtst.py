@@ -27,6 +27,11 @@ from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
 
+# The PatchTST backbone every model here defaults to: the official PatchTST
+# scripts' (Nie et al., ICLR 2023: width 128, 16 heads, 3 layers, FFN 256),
+# which the Jumbo paper's time-series experiments keep (A.2.2).
+BACKBONE = {"hidden_dim": 128, "num_heads": 16, "depth": 3, "mlp_dim": 256}
+
 
 def registers_matching_jumbo_flops(width, num_patches, jumbo_multiplier):
     """Registers R whose per-layer FLOPs match a Jumbo layer (Jumbo A.2.3).
@@ -226,10 +231,10 @@ class PatchTSTClassifier(ConfiguredModel):
         patch_length=None,
         stride=None,
         padding="end",
-        hidden_dim=128,
-        num_heads=16,
-        depth=3,
-        mlp_dim=256,
+        hidden_dim=BACKBONE["hidden_dim"],
+        num_heads=BACKBONE["num_heads"],
+        depth=BACKBONE["depth"],
+        mlp_dim=BACKBONE["mlp_dim"],
         num_registers=0,
         matched_jumbo_multiplier=4,
         jumbo_multiplier=0,
@@ -438,10 +443,10 @@ class MSPatchTST(ConfiguredModel):
         revin=True,
         revin_affine=False,
         subtract_last=False,
-        hidden_dim=128,
-        num_heads=16,
-        depth=3,
-        mlp_dim=256,
+        hidden_dim=BACKBONE["hidden_dim"],
+        num_heads=BACKBONE["num_heads"],
+        depth=BACKBONE["depth"],
+        mlp_dim=BACKBONE["mlp_dim"],
         dropout_rate=0.2,
         attention_dropout_rate=0.0,
         drop_path_rate=0.0,

@@ -161,32 +161,47 @@ def validate_architecture(arch):
     )
 
 
-def conv_stem(x, filters, data_format, name="stem"):
+def conv_stem(x, filters, data_format, name="stem", created=None):
     """Three 3x3 conv-BN-ReLU layers, stride 2 then 1, 1, with a residual
     connection from the first to the third output (Appendix A; reference
     `PatchConvEmbed`: convolutions without bias, BatchNorm, ReLU).
+
+    `created`: a list the stem's layers are appended to, in order (what
+    `extract_subnet` pairs between a super-network and a sub-network).
 
     PyTorch's symmetric padding 1 is explicit (`ZeroPadding2D`): for the
     stride-2 convolution Keras' "same" would pad only bottom/right.
     """
     axis = -1 if data_format == "channels_last" else 1
 
+    created = [] if created is None else created
+
     def conv_bn_relu(inputs, strides, index):
-        h = keras.layers.ZeroPadding2D(
-            1, data_format=data_format, name=f"{name}_pad{index}"
-        )(inputs)
-        h = keras.layers.Conv2D(
-            filters,
-            3,
-            strides=strides,
-            use_bias=False,
-            data_format=data_format,
-            name=f"{name}_conv{index}",
-        )(h)
-        h = keras.layers.BatchNormalization(
-            axis=axis, epsilon=1e-5, momentum=0.9, name=f"{name}_bn{index}"
-        )(h)
-        return keras.layers.ReLU(name=f"{name}_relu{index}")(h)
+        layers = [
+            keras.layers.ZeroPadding2D(
+                1, data_format=data_format, name=f"{name}_pad{index}"
+            ),
+            keras.layers.Conv2D(
+                filters,
+                3,
+                strides=strides,
+                use_bias=False,
+                data_format=data_format,
+                name=f"{name}_conv{index}",
+            ),
+            keras.layers.BatchNormalization(
+                axis=axis,
+                epsilon=1e-5,
+                momentum=0.9,
+                name=f"{name}_bn{index}",
+            ),
+            keras.layers.ReLU(name=f"{name}_relu{index}"),
+        ]
+        created.extend(layers)
+        h = inputs
+        for layer in layers:
+            h = layer(h)
+        return h
 
     first = conv_bn_relu(x, STEM_STRIDE, 1)
     h = conv_bn_relu(first, 1, 2)
@@ -222,7 +237,7 @@ def _vit_res_graph(
     classifier_activation,
     data_format,
 ):
-    """`(inputs, outputs)` of a multi-stage ViT (see `ViTRes`)."""
+    """`(inputs, outputs, layers)` of a multi-stage ViT (see `ViTRes`)."""
     check_positive_int("num_classes", num_classes)
     check_positive_int("num_channels", num_channels)
     check_rate("drop_path_rate", drop_path_rate)
@@ -245,27 +260,45 @@ def _vit_res_graph(
     depth = sum(len(stage) for stage in arch["blocks"])
     rates = drop_path_rates(drop_path_rate, depth)
 
+    layers = dict(
+        stem_layers=[],
+        patch_embedding=PatchEmbedding(
+            embed_dims[0],
+            PATCH_SIZE,
+            data_format=data_format,
+            name="patch_embedding",
+        ),
+        position_embedding=PositionEmbedding(grid, name="position_embedding"),
+        class_token=ClassToken(name="class_token"),
+        reductions=[None],
+        blocks=[],
+        final_norm=MaskedLayerNorm(layer_norm_epsilon, name="final_norm"),
+        classifier=None,
+        patch_classifier=None,
+    )
     inputs = keras.Input(shape=input_shape, name="images")
-    x = conv_stem(inputs, arch["stem_filters"], data_format)
-    x = PatchEmbedding(
-        embed_dims[0],
-        PATCH_SIZE,
-        data_format=data_format,
-        name="patch_embedding",
-    )(x)
-    x = PositionEmbedding(grid, name="position_embedding")(x)
+    x = conv_stem(
+        inputs,
+        arch["stem_filters"],
+        data_format,
+        created=layers["stem_layers"],
+    )
+    x = layers["position_embedding"](layers["patch_embedding"](x))
     x = keras.layers.Reshape((-1, embed_dims[0]), name="flatten")(x)
-    x = ClassToken(name="class_token")(x)
+    x = layers["class_token"](x)
     index = 0
     for stage, stage_blocks in enumerate(arch["blocks"]):
         if stage:
-            x = ResidualSpatialReduction(
+            reduction = ResidualSpatialReduction(
                 embed_dims[stage],
                 layer_norm_epsilon=layer_norm_epsilon,
                 name=f"reduction_{stage}",
-            )(x)
+            )
+            layers["reductions"].append(reduction)
+            x = reduction(x)
+        layers["blocks"].append([])
         for number, (heads, mlp_dim) in enumerate(stage_blocks):
-            x = TransformerBlock(
+            block = TransformerBlock(
                 heads,
                 mlp_dim,
                 head_dim=head_dims[stage],
@@ -274,22 +307,26 @@ def _vit_res_graph(
                 layer_norm_epsilon=layer_norm_epsilon,
                 normalization="masked_layer_norm",
                 name=f"stage_{stage}_block_{number}",
-            )(x)
+            )
+            layers["blocks"][-1].append(block)
+            x = block(x)
             index += 1
-    x = MaskedLayerNorm(layer_norm_epsilon, name="final_norm")(x)
+    x = layers["final_norm"](x)
     if not include_top:
-        return inputs, x
+        return inputs, x, layers
     cls = TokenPooling("token", 1, name="pooling")(x)
-    logits = keras.layers.Dense(
+    layers["classifier"] = keras.layers.Dense(
         num_classes, activation=classifier_activation, name="head"
-    )(cls)
+    )
+    logits = layers["classifier"](cls)
     if not token_labeling:
-        return inputs, logits
+        return inputs, logits, layers
     patches = keras.layers.Cropping1D((1, 0), name="patch_tokens")(x)
-    patch_logits = keras.layers.Dense(
+    layers["patch_classifier"] = keras.layers.Dense(
         num_classes, activation=classifier_activation, name="patch_head"
-    )(patches)
-    return inputs, {"logits": logits, "patch_logits": patch_logits}
+    )
+    patch_logits = layers["patch_classifier"](patches)
+    return inputs, {"logits": logits, "patch_logits": patch_logits}, layers
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -333,6 +370,19 @@ class ViTRes(ConfiguredModel):
 
     sizes = ("tiny",)
     _prefix = "vit_res"
+    # Layers of the graph, as attributes: `blocks[s][n]` is block n of stage
+    # s, `reductions[s]` the reduction before stage s (None for s = 0).
+    exposed_layers = (
+        "stem_layers",
+        "patch_embedding",
+        "position_embedding",
+        "class_token",
+        "reductions",
+        "blocks",
+        "final_norm",
+        "classifier",
+        "patch_classifier",
+    )
 
     def __init__(
         self,
@@ -363,10 +413,12 @@ class ViTRes(ConfiguredModel):
             )
             default_name = f"{self._prefix}_{size}"
         config["data_format"] = standardize_data_format(data_format)
-        inputs, outputs = _vit_res_graph(
+        inputs, outputs, layers = _vit_res_graph(
             arch,
             **{k: v for k, v in config.items() if k != "size"},
         )
+        for key, layer in layers.items():
+            setattr(self, key, layer)
         self._finish(inputs, outputs, config, name or default_name, kwargs)
         self.architecture = arch
 

@@ -56,6 +56,19 @@ class ViTResSuperNet(ConfiguredModel):
     57
     """
 
+    # Layers of the graph, as attributes (as `ViTRes`): `blocks[s][j]` is
+    # block slot j of stage s.
+    exposed_layers = (
+        "stem_layers",
+        "patch_embedding",
+        "position_embedding",
+        "class_token",
+        "reductions",
+        "blocks",
+        "final_norm",
+        "classifier",
+    )
+
     def __init__(
         self,
         space,
@@ -80,7 +93,7 @@ class ViTResSuperNet(ConfiguredModel):
             )
         data_format = standardize_data_format(data_format)
         config.update(space=space, data_format=data_format)
-        inputs, logits = _supernet_graph(
+        inputs, logits, layers = _supernet_graph(
             space,
             num_classes=num_classes,
             image_size=image_size,
@@ -89,6 +102,8 @@ class ViTResSuperNet(ConfiguredModel):
             layer_norm_epsilon=layer_norm_epsilon,
             data_format=data_format,
         )
+        for key, layer in layers.items():
+            setattr(self, key, layer)
         self._finish(inputs, logits, config, name, kwargs)
 
 
@@ -127,29 +142,46 @@ def _supernet_graph(
         ChannelMask(widths[s], s, name=f"embed_mask_{s}")(codes)
         for s in range(space.num_stages)
     ]
-    x = conv_stem(images, space.stem_filters, data_format)
-    x = PatchEmbedding(
-        widths[0], PATCH_SIZE, data_format=data_format, name="patch_embedding"
-    )(x)
-    x = PositionEmbedding(grid, name="position_embedding")(x)
+    layers = dict(
+        stem_layers=[],
+        patch_embedding=PatchEmbedding(
+            widths[0],
+            PATCH_SIZE,
+            data_format=data_format,
+            name="patch_embedding",
+        ),
+        position_embedding=PositionEmbedding(grid, name="position_embedding"),
+        class_token=ClassToken(name="class_token"),
+        reductions=[None],
+        blocks=[],
+        final_norm=MaskedLayerNorm(layer_norm_epsilon, name="final_norm"),
+        classifier=keras.layers.Dense(num_classes, name="head"),
+    )
+    x = conv_stem(
+        images, space.stem_filters, data_format, created=layers["stem_layers"]
+    )
+    x = layers["position_embedding"](layers["patch_embedding"](x))
     x = keras.layers.Reshape((-1, widths[0]), name="flatten")(x)
-    x = ClassToken(name="class_token")(x)
+    x = layers["class_token"](x)
     x = ApplyChannelMask(name="embed_masking")([x, embed_masks[0]])
     column = space.num_stages
     index = 0
     for s, stage in enumerate(space.skippable):
         if s:
-            x = ResidualSpatialReduction(
+            reduction = ResidualSpatialReduction(
                 widths[s],
                 layer_norm_epsilon=layer_norm_epsilon,
                 name=f"reduction_{s}",
-            )(
+            )
+            layers["reductions"].append(reduction)
+            x = reduction(
                 x,
                 channel_mask=embed_masks[s - 1],
                 output_channel_mask=embed_masks[s],
             )
         head_dim = space.head_dims[s]
         heads, mlp_dim = max(space.num_heads[s]), max(space.mlp_dims[s])
+        layers["blocks"].append([])
         for j, skippable in enumerate(stage):
             layer_mask = None
             if skippable:
@@ -166,7 +198,7 @@ def _supernet_graph(
                 mlp_dim, column + 2, name=f"stage_{s}_slot_{j}_hidden"
             )(codes)
             column += 3
-            x = TransformerBlock(
+            block = TransformerBlock(
                 heads,
                 mlp_dim,
                 head_dim=head_dim,
@@ -174,7 +206,9 @@ def _supernet_graph(
                 layer_norm_epsilon=layer_norm_epsilon,
                 normalization="masked_layer_norm",
                 name=f"stage_{s}_slot_{j}",
-            )(
+            )
+            layers["blocks"][-1].append(block)
+            x = block(
                 x,
                 embed_mask=embed_masks[s],
                 head_mask=head_mask,
@@ -182,12 +216,10 @@ def _supernet_graph(
                 layer_mask=layer_mask,
             )
             index += 1
-    x = MaskedLayerNorm(layer_norm_epsilon, name="final_norm")(
-        x, channel_mask=embed_masks[-1]
-    )
+    x = layers["final_norm"](x, channel_mask=embed_masks[-1])
     x = TokenPooling("token", 1, name="pooling")(x)
-    logits = keras.layers.Dense(num_classes, name="head")(x)
-    return {"images": images, "architecture": codes}, logits
+    logits = layers["classifier"](x)
+    return {"images": images, "architecture": codes}, logits, layers
 
 
 def architecture_codes(space, architectures, batch_size):
@@ -383,7 +415,10 @@ def extract_subnet(supernet, space, arch, name=None):
 
     Its weights are sliced from the super-network (leading channels, first
     heads, first FFN units, the kept block slots); its outputs equal the
-    super-network's run with `arch`'s code (tested).
+    super-network's run with `arch`'s code (tested). Layers are paired by
+    the two models' layer attributes (`stem_layers`, `reductions`,
+    `blocks[stage][slot]`, ...), and the sub-network's sizes come from the
+    super-network's config.
     """
     if not isinstance(space, SearchSpace):
         raise TypeError(
@@ -409,14 +444,26 @@ def extract_subnet(supernet, space, arch, name=None):
         data_format=supernet.data_format,
         name=name or "vit_res_subnet",
     )
-    mapping = {}
-    for s, stage in enumerate(arch["blocks"]):
+    pairs = list(zip(supernet.stem_layers, model.stem_layers, strict=True))
+    for attribute in (
+        "patch_embedding",
+        "position_embedding",
+        "class_token",
+        "final_norm",
+        "classifier",
+    ):
+        pairs.append((getattr(supernet, attribute), getattr(model, attribute)))
+    pairs += list(
+        zip(supernet.reductions[1:], model.reductions[1:], strict=True)
+    )
+    for slots, blocks, stage in zip(
+        supernet.blocks, model.blocks, arch["blocks"], strict=True
+    ):
         kept = [j for j, slot in enumerate(stage) if slot is not None]
-        for number, j in enumerate(kept):
-            mapping[f"stage_{s}_block_{number}"] = f"stage_{s}_slot_{j}"
-    for layer in model.layers:
-        if not layer.weights:
-            continue
-        source = supernet.get_layer(mapping.get(layer.name, layer.name))
-        slice_layer_weights(source, layer)
+        pairs += [
+            (slots[j], block) for j, block in zip(kept, blocks, strict=True)
+        ]
+    for source, target in pairs:
+        if target.weights:
+            slice_layer_weights(source, target)
     return model
