@@ -209,6 +209,44 @@ def conv_stem(x, filters, data_format, name="stem", created=None):
     return keras.layers.Add(name=f"{name}_residual")([first, h])
 
 
+def stem_tokens(
+    images,
+    stem_filters,
+    width,
+    grid,
+    layer_norm_epsilon,
+    data_format,
+    make_classifier=None,
+):
+    """Conv stem, 7x7 patches, position embeddings, CLS token.
+
+    The front of every multi-stage ViT here (`ViTRes` and the NAS
+    super-network). Returns `(tokens, layers)`: `layers` holds the stem's
+    layers and the ones every multi-stage model exposes (`reductions` and
+    `blocks` start empty for the caller to fill; `final_norm` is built;
+    `classifier` is `make_classifier()`, made before the stem's layers as
+    the super-network always did, so seeded initial weights are unchanged).
+    """
+    layers = dict(
+        stem_layers=[],
+        patch_embedding=PatchEmbedding(
+            width, PATCH_SIZE, data_format=data_format, name="patch_embedding"
+        ),
+        position_embedding=PositionEmbedding(grid, name="position_embedding"),
+        class_token=ClassToken(name="class_token"),
+        reductions=[None],
+        blocks=[],
+        final_norm=MaskedLayerNorm(layer_norm_epsilon, name="final_norm"),
+    )
+    layers["classifier"] = make_classifier() if make_classifier else None
+    x = conv_stem(
+        images, stem_filters, data_format, created=layers["stem_layers"]
+    )
+    x = layers["position_embedding"](layers["patch_embedding"](x))
+    x = keras.layers.Reshape((-1, width), name="flatten")(x)
+    return layers["class_token"](x), layers
+
+
 def token_grid_size(image_size, num_stages):
     factor = STEM_STRIDE * PATCH_SIZE * 2 ** (num_stages - 1)
     if isinstance(image_size, bool) or not isinstance(image_size, int):
@@ -260,32 +298,16 @@ def _vit_res_graph(
     depth = sum(len(stage) for stage in arch["blocks"])
     rates = drop_path_rates(drop_path_rate, depth)
 
-    layers = dict(
-        stem_layers=[],
-        patch_embedding=PatchEmbedding(
-            embed_dims[0],
-            PATCH_SIZE,
-            data_format=data_format,
-            name="patch_embedding",
-        ),
-        position_embedding=PositionEmbedding(grid, name="position_embedding"),
-        class_token=ClassToken(name="class_token"),
-        reductions=[None],
-        blocks=[],
-        final_norm=MaskedLayerNorm(layer_norm_epsilon, name="final_norm"),
-        classifier=None,
-        patch_classifier=None,
-    )
     inputs = keras.Input(shape=input_shape, name="images")
-    x = conv_stem(
+    x, layers = stem_tokens(
         inputs,
         arch["stem_filters"],
+        embed_dims[0],
+        grid,
+        layer_norm_epsilon,
         data_format,
-        created=layers["stem_layers"],
     )
-    x = layers["position_embedding"](layers["patch_embedding"](x))
-    x = keras.layers.Reshape((-1, embed_dims[0]), name="flatten")(x)
-    x = layers["class_token"](x)
+    layers["patch_classifier"] = None
     index = 0
     for stage, stage_blocks in enumerate(arch["blocks"]):
         if stage:

@@ -7,10 +7,6 @@ from keras import ops
 from keras_jumbo._keras_internals import sublayers
 from keras_jumbo.layers import ApplyChannelMask
 from keras_jumbo.layers import ChannelMask
-from keras_jumbo.layers import ClassToken
-from keras_jumbo.layers import MaskedLayerNorm
-from keras_jumbo.layers import PatchEmbedding
-from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import ResidualSpatialReduction
 from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import TransformerBlock
@@ -19,9 +15,8 @@ from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
-from keras_jumbo.models.vit_res import PATCH_SIZE
 from keras_jumbo.models.vit_res import build_vit_res
-from keras_jumbo.models.vit_res import conv_stem
+from keras_jumbo.models.vit_res import stem_tokens
 from keras_jumbo.models.vit_res import token_grid_size
 from keras_jumbo.nas.search_space import SearchSpace
 from keras_jumbo.nas.search_space import as_rng
@@ -142,27 +137,15 @@ def _supernet_graph(
         ChannelMask(widths[s], s, name=f"embed_mask_{s}")(codes)
         for s in range(space.num_stages)
     ]
-    layers = dict(
-        stem_layers=[],
-        patch_embedding=PatchEmbedding(
-            widths[0],
-            PATCH_SIZE,
-            data_format=data_format,
-            name="patch_embedding",
-        ),
-        position_embedding=PositionEmbedding(grid, name="position_embedding"),
-        class_token=ClassToken(name="class_token"),
-        reductions=[None],
-        blocks=[],
-        final_norm=MaskedLayerNorm(layer_norm_epsilon, name="final_norm"),
-        classifier=keras.layers.Dense(num_classes, name="head"),
+    x, layers = stem_tokens(
+        images,
+        space.stem_filters,
+        widths[0],
+        grid,
+        layer_norm_epsilon,
+        data_format,
+        make_classifier=lambda: keras.layers.Dense(num_classes, name="head"),
     )
-    x = conv_stem(
-        images, space.stem_filters, data_format, created=layers["stem_layers"]
-    )
-    x = layers["position_embedding"](layers["patch_embedding"](x))
-    x = keras.layers.Reshape((-1, widths[0]), name="flatten")(x)
-    x = layers["class_token"](x)
     x = ApplyChannelMask(name="embed_masking")([x, embed_masks[0]])
     column = space.num_stages
     index = 0
