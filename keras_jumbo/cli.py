@@ -9,7 +9,12 @@ keras-jumbo count MODEL [--reparameterize] [--layers]
 
 import argparse
 import json
+import os
 import sys
+
+
+class UsageError(Exception):
+    """A wrong command line: one line on stderr, exit status 2."""
 
 
 def _export(args):
@@ -19,18 +24,19 @@ def _export(args):
 
     model = keras.saving.load_model(args.model)
     if args.reparameterize:
-        model = keras_jumbo.convert.reparameterize(
-            model, force=args.force, pad_values=False
-        )
+        try:
+            model = keras_jumbo.convert.reparameterize(
+                model, force=args.force, pad_values=False
+            )
+        except ValueError as error:
+            # Speak the command line's language, not the Python API's.
+            raise ValueError(
+                str(error).replace("pass force=True", "pass --force")
+            ) from None
         print(f"reparameterized: {model.count_params():,} parameters")
     if args.save_keras:
         model.save(args.save_keras)
         print(f"saved {args.save_keras}")
-    if not (args.tflite or args.onnx):
-        if not args.save_keras:
-            raise SystemExit(
-                "nothing to do: give --tflite, --onnx or --save-keras"
-            )
     reports = []
     if args.tflite:
         quantize = None if args.quantize == "none" else args.quantize
@@ -53,7 +59,26 @@ def _load(name_or_path):
 
     if name_or_path.endswith(".keras"):
         return keras.saving.load_model(name_or_path)
+    if os.path.exists(name_or_path):
+        raise UsageError(
+            f"{name_or_path} is a file but not a .keras model (give a "
+            ".keras file or a registered name such as jumbo_vit_nano)"
+        )
     return keras_jumbo.models.create_model(name_or_path)
+
+
+def _check_export_args(args):
+    if not (args.tflite or args.onnx or args.save_keras):
+        raise UsageError("nothing to do: give --tflite, --onnx or --save-keras")
+    if args.force and not args.reparameterize:
+        raise UsageError("--force only applies with --reparameterize")
+    if args.quantize != "none" and not args.tflite:
+        raise UsageError(
+            f"--quantize {args.quantize} only applies to --tflite "
+            "(ONNX exports are float32)"
+        )
+    if not args.model.endswith(".keras"):
+        raise UsageError(f"{args.model} is not a .keras model file")
 
 
 def _count(args):
@@ -116,13 +141,21 @@ def main(argv=None):
         "--layers", action="store_true", help="also print per-layer MACs"
     )
     args = parser.parse_args(argv)
-    if args.command == "count":
-        return _count(args)
-    if args.quantize == "int8":
-        args.quantize = "dynamic_int8"
-    if args.command == "export":
+    try:
+        if args.model.endswith(".keras") and not os.path.exists(args.model):
+            raise UsageError(f"no such file: {args.model}")
+        if args.command == "count":
+            return _count(args)
+        if args.quantize == "int8":
+            args.quantize = "dynamic_int8"
+        _check_export_args(args)
         return _export(args)
-    return 1
+    except UsageError as error:
+        print(f"keras-jumbo: error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, OSError, RuntimeError) as error:
+        print(f"keras-jumbo: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

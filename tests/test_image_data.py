@@ -50,6 +50,22 @@ def test_image_batches_errors(rng):
         data.ImageBatches(_images(rng, 4), np.zeros(4), 0)
     with pytest.raises(ValueError, match="No batch"):
         data.ImageBatches(_images(rng, 4), np.zeros(4), 8, drop_remainder=True)
+    images = _images(rng, 4)
+    with pytest.raises(ValueError, match="std"):
+        data.ImageBatches(images, np.zeros(4, int), 2, mean=0.5, std=0.0)
+    with pytest.raises(ValueError, match="both"):
+        data.ImageBatches(images, np.zeros(4, int), 2, mean=0.5)
+    with pytest.raises(ValueError, match=r"num_classes=3.*from 0 to 3"):
+        data.ImageBatches(images, np.array([0, 1, 2, 3]), 2, num_classes=3)
+    with pytest.raises(TypeError, match="integer class indices"):
+        data.ImageBatches(images, np.array([0, 0.5, 1, 2]), 2)
+    nan_images = images.astype("float32")
+    nan_images[1, 2, 3, 0] = np.nan
+    with pytest.raises(ValueError, match="1 NaN/inf"):
+        data.ImageBatches(nan_images, np.zeros(4, int), 2)
+    batches = data.ImageBatches(images, np.zeros(4, int), 2)
+    with pytest.raises(IndexError, match="index=2"):
+        batches[2]
 
 
 def test_three_augment_is_reproducible_per_seed(rng):

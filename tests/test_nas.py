@@ -151,6 +151,23 @@ def test_multi_architecture_batches():
         nas.MultiArchitectureBatches(
             x, y, space, batch_size=10, num_architectures=4
         )
+    with pytest.raises(ValueError, match="batch_size=64"):
+        nas.MultiArchitectureBatches(
+            x, y, space, batch_size=64, num_architectures=4
+        )
+
+
+def test_codes_outside_the_space_and_bad_evaluation_data(supernet):
+    space = tiny_space()
+    x = images(2)
+    codes = nas.architecture_codes(space, [space.largest()], 2)
+    codes[1, 0] = 10  # a stage-0 width that is not a choice
+    with pytest.raises(ValueError, match=r"outside the.*search space.*10"):
+        supernet({"images": x, "architecture": codes})
+    with pytest.raises(ValueError, match="outside the"):
+        supernet.predict({"images": x, "architecture": codes}, verbose=0)
+    with pytest.raises(ValueError, match="2 images, labels.shape=.3,."):
+        nas.evaluate_subnet(supernet, space, space.largest(), x, np.zeros(3))
 
 
 def test_supernet_trains_with_multi_architectural_sampling(supernet):
@@ -210,6 +227,42 @@ def test_evolutionary_search_finds_the_best_admissible_network():
     with pytest.raises(ValueError, match="smallest sub-network"):
         nas.evolutionary_search(
             space, score, smallest - 1, image_size=56, num_classes=5
+        )
+
+
+def test_evolutionary_search_ranks_nan_last_and_refuses_all_nan():
+    space = tiny_space()
+    budget = int(0.9 * space.count_macs(space.largest(), 56, 5))
+    search = dict(
+        population_size=12,
+        num_parents=4,
+        num_children=6,
+        iterations=2,
+        lower_ratio=0.8,
+        image_size=56,
+        num_classes=5,
+        seed=0,
+    )
+
+    def diverging(arch):  # the widest candidates "diverge"
+        width = sum(arch["embed_dims"])
+        return float("nan") if (width // 4) % 2 == 0 else float(width)
+
+    result = nas.evolutionary_search(space, diverging, budget, **search)
+    assert np.isfinite(result["score"])
+    assert result["non_finite"] > 0
+    assert result["evaluated"] > result["non_finite"]
+    with pytest.raises(ValueError, match="non-finite"):
+        nas.evolutionary_search(
+            space, lambda arch: float("nan"), budget, **search
+        )
+    with pytest.raises(ValueError, match="num_parents=13"):
+        nas.evolutionary_search(
+            space, diverging, budget, **{**search, "num_parents": 13}
+        )
+    with pytest.raises(ValueError, match="mutation_probability=2"):
+        nas.evolutionary_search(
+            space, diverging, budget, mutation_probability=2, **search
         )
 
 

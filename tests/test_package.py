@@ -38,7 +38,11 @@ def test_public_surface():
         "JumboToken",
         "Registers",
         "TokenDropping",
-        "TransformerBlock",
+        "ViTBlock",
+        "JumboBlock",
+        "PatchTSTEncoderBlock",
+        "MaskedViTBlock",
+        "TransformerEncoder",
     ):
         assert hasattr(keras_jumbo.layers, name)
     assert hasattr(keras_jumbo.callbacks, "TokenDropSchedule")

@@ -8,6 +8,7 @@ from keras_jumbo.data import load_electricity_hourly
 from keras_jumbo.data import load_forecasting_csv
 from keras_jumbo.data import load_ucr_uea
 from keras_jumbo.data import split_half
+from keras_jumbo.data import ucr_uea_offline
 
 
 def test_univariate_ucr_set_loads_offline():
@@ -92,6 +93,39 @@ def test_forecasting_windows():
         ForecastingWindows(series, 15, 10)
     with pytest.raises(ValueError, match="horizon"):
         ForecastingWindows(series, 5, 0)
+    with pytest.raises(IndexError, match="index=4"):
+        windows[4]
+    with pytest.raises(ValueError, match="max_windows"):
+        ForecastingWindows(series, 5, 3, max_windows=0)
+
+
+def test_forecasting_splits_refuse_bad_input():
+    values = np.arange(200, dtype="float32").reshape(100, 2)
+    with pytest.raises(ValueError, match="sequence_length=500"):
+        forecasting_splits(values, sequence_length=500)
+    with pytest.raises(ValueError, match="sequence_length=-5"):
+        forecasting_splits(values, sequence_length=-5)
+    with pytest.raises(TypeError, match="sequence_length"):
+        forecasting_splits(values, sequence_length=9.5)
+    with pytest.raises(ValueError, match="test_fraction"):
+        forecasting_splits(values, 10, test_fraction=0)
+    import pandas  # part of the test install (.ci/install.sh)
+
+    frame = pandas.DataFrame(values, columns=["load", "temp"])
+    frame.iloc[[3, 7], 1] = np.nan
+    with pytest.raises(ValueError, match=r"\{'temp': 2\}"):
+        forecasting_splits(frame, 10)
+    with pytest.raises(ValueError, match=r"\{0: 1\}"):
+        forecasting_splits(np.where(values == 0, np.nan, values), 10)
+
+
+def test_ucr_uea_names_are_checked():
+    offline = ucr_uea_offline()
+    assert {"GunPoint", "BasicMotions", "JapaneseVowels"} <= set(offline)
+    with pytest.raises(ValueError, match="NoSuchSet.*GunPoint"):
+        load_ucr_uea("NoSuchSet")
+    with pytest.raises(TypeError, match="name=123"):
+        load_ucr_uea(123)
 
 
 def test_real_forecasting_data_loads_offline():

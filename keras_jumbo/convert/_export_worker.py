@@ -1,8 +1,20 @@
-"""Subprocess side of `keras_jumbo.convert.export` (TensorFlow backend)."""
+"""Subprocess side of `keras_jumbo.convert.export` (TensorFlow backend).
+
+Run as a script (not `-m keras_jumbo...`), so that the parent-death handler
+is installed before the package (Keras, TensorFlow) is imported.
+"""
 
 import argparse
 import json
 import os
+import sys
+
+if (
+    __name__ == "__main__"
+    and sys.path
+    and sys.path[0] == os.path.dirname(os.path.abspath(__file__))
+):
+    del sys.path[0]  # this directory's modules are not top-level modules
 
 
 def _missing(package, extra="export"):
@@ -48,6 +60,31 @@ def _run_onnx(path, x):
     return session.run(None, {name: x})[0]
 
 
+def _cause(error):
+    """One line saying why: the MLIR/converter `error:` line if there is
+    one (e.g. an op without a TFLite builtin), else the exception."""
+    text = str(error)
+    for line in text.splitlines():
+        if "error:" in line:
+            return f"{type(error).__name__}: {line.strip()[:500]}"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(error).__name__}: {first[:500]}"
+
+
+def _on_parent_death(cleanup, output):
+    """SIGTERM (sent when the parent dies): remove the temporary files."""
+    import shutil
+    import signal
+
+    def handler(signum, frame):
+        shutil.rmtree(cleanup, ignore_errors=True)
+        if os.path.exists(output):
+            os.remove(output)
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -57,8 +94,19 @@ def main():
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", required=True)
+    parser.add_argument("--cleanup", default=None)
     args = parser.parse_args()
+    if args.cleanup:
+        _on_parent_death(args.cleanup, args.output)
+    try:
+        _export(args)
+    except Exception as error:
+        with open(args.report, "w") as handle:
+            json.dump({"error": _cause(error)}, handle)
+        raise
 
+
+def _export(args):
     import keras
     import numpy as np
 

@@ -21,6 +21,7 @@ from keras_jumbo.data.time_series import load_electricity_hourly
 from keras_jumbo.data.time_series import load_forecasting_csv
 from keras_jumbo.data.time_series import load_ucr_uea
 from keras_jumbo.data.time_series import split_half
+from keras_jumbo.data.time_series import ucr_uea_offline
 
 __all__ = [
     "BatchAugmentation",
@@ -42,6 +43,7 @@ __all__ = [
     "load_fashion_mnist",
     "load_forecasting_csv",
     "load_ucr_uea",
+    "ucr_uea_offline",
     "read_idx",
     "split_half",
 ]

@@ -66,15 +66,48 @@ class ImageBatches(keras.utils.PyDataset):
                 "`labels` must have shape (n,) matching `images`. Received: "
                 f"labels.shape={labels.shape}, images.shape={images.shape}"
             )
+        if not np.issubdtype(labels.dtype, np.integer):
+            whole = np.issubdtype(labels.dtype, np.number) and np.all(
+                np.isfinite(labels) & (labels == np.round(labels))
+            )
+            if not whole:
+                raise TypeError(
+                    "`labels` must be integer class indices. Received: "
+                    f"labels of dtype {labels.dtype} (e.g. {labels[:3]})"
+                )
+            labels = labels.astype("int64")
+        if np.issubdtype(images.dtype, np.floating):
+            bad = int(np.size(images) - np.count_nonzero(np.isfinite(images)))
+            if bad:
+                raise ValueError(
+                    f"`images` holds {bad} NaN/inf values; a single one "
+                    "makes the loss NaN. Received: non-finite images"
+                )
         self.images = images
         self.labels = labels
         self.batch_size = check_positive_int("batch_size", batch_size)
         if num_classes is not None:
             check_positive_int("num_classes", num_classes)
+            if labels.size and not 0 <= labels.min() <= labels.max() < (
+                num_classes
+            ):
+                raise ValueError(
+                    f"`labels` must be in [0, num_classes={num_classes}). "
+                    f"Received: labels from {labels.min()} to {labels.max()}"
+                )
         self.num_classes = num_classes
         self.augmentation = augmentation
         self.mean = None if mean is None else np.asarray(mean, "float32")
         self.std = None if std is None else np.asarray(std, "float32")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError(
+                "Give both `mean` and `std` (or neither). Received: "
+                f"mean={mean!r}, std={std!r}"
+            )
+        if self.std is not None and not np.all(self.std > 0):
+            raise ValueError(
+                f"`std` must be > 0 in every channel. Received: std={std!r}"
+            )
         self.scale = float(scale)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)

@@ -48,6 +48,18 @@ def load_ucr_uea(name):
     _require("aeon", "`pip install aeon`")
     from aeon.datasets import load_classification
 
+    available = ucr_uea_offline()
+    if not isinstance(name, str):
+        raise TypeError(
+            f"`name` must be a dataset name such as 'GunPoint'. "
+            f"Received: name={name!r}"
+        )
+    if name not in available:
+        raise ValueError(
+            f"{name!r} is not a UCR/UEA classification set shipped offline "
+            f"in the aeon wheel; available: {available}. (Other sets need "
+            f"a download.) Received: name={name!r}"
+        )
     splits = [load_classification(name, split=s) for s in ("train", "test")]
     length = max(max(series.shape[-1] for series in x) for x, _ in splits)
     names = np.array(sorted({str(v) for _, y in splits for v in y}))
@@ -64,6 +76,20 @@ def load_ucr_uea(name):
         labels = np.searchsorted(names, np.asarray(y).astype(str))
         out.append((np.stack(batch), labels.astype("int32")))
     return out[0], out[1], names
+
+
+def ucr_uea_offline():
+    """Names of the UCR/UEA classification sets inside the `aeon` wheel
+    (those `load_ucr_uea` reads without a download)."""
+    _require("aeon", "`pip install aeon`")
+    import aeon
+
+    root = os.path.join(os.path.dirname(aeon.__file__), "datasets", "data")
+    return sorted(
+        name
+        for name in os.listdir(root)
+        if os.path.isfile(os.path.join(root, name, f"{name}_TRAIN.ts"))
+    )
 
 
 def split_half(x, y, seed=0):
@@ -140,11 +166,43 @@ def forecasting_splits(
         dict with `"train"`, `"val"`, `"test"` (float32 `(time, vars)`,
         normalised), `"mean"`, `"std"`.
     """
+    columns = list(getattr(values, "columns", []))
     values = np.asarray(values, dtype="float32")
     if values.ndim != 2:
         raise ValueError(
             "`values` must be (time, variables). "
             f"Received: values.shape={values.shape}"
+        )
+    if isinstance(sequence_length, bool) or not isinstance(
+        sequence_length, int
+    ):
+        raise TypeError(
+            "`sequence_length` must be an int. "
+            f"Received: sequence_length={sequence_length!r}"
+        )
+    if sequence_length <= 0:
+        raise ValueError(
+            "`sequence_length` must be > 0. "
+            f"Received: sequence_length={sequence_length}"
+        )
+    for arg, fraction in (
+        ("train_fraction", train_fraction),
+        ("test_fraction", test_fraction),
+    ):
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(
+                f"`{arg}` must be in (0, 1). Received: {arg}={fraction}"
+            )
+    missing = (~np.isfinite(values)).sum(0)
+    if missing.any():
+        names = columns or list(range(values.shape[1]))
+        counts = {
+            names[i]: int(count) for i, count in enumerate(missing) if count
+        }
+        raise ValueError(
+            "`values` has NaN/inf entries (column: count) "
+            f"{counts}; they would make the normalisation and every loss "
+            "NaN. Fill them first (e.g. pandas `interpolate()`)."
         )
     total = len(values)
     num_train = int(total * train_fraction)
@@ -155,6 +213,12 @@ def forecasting_splits(
             "Every split needs time steps. Received: "
             f"{total} steps, train_fraction={train_fraction}, "
             f"test_fraction={test_fraction}"
+        )
+    if num_train <= sequence_length:
+        raise ValueError(
+            f"The training segment ({num_train} of {total} steps) is not "
+            f"longer than one input window. Received: "
+            f"sequence_length={sequence_length}"
         )
     mean = values[:num_train].mean(0)
     std = values[:num_train].std(0)
@@ -213,7 +277,11 @@ class ForecastingWindows(keras.utils.PyDataset):
             ("horizon", horizon),
             ("batch_size", batch_size),
         ):
-            if not isinstance(value, int) or value <= 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value <= 0
+            ):
                 raise ValueError(
                     f"`{arg}` must be a positive int. Received: {arg}={value!r}"
                 )
@@ -227,6 +295,15 @@ class ForecastingWindows(keras.utils.PyDataset):
                 "The series is shorter than one window. Received: "
                 f"{len(self.series)} steps, sequence_length="
                 f"{sequence_length}, horizon={horizon}"
+            )
+        if max_windows is not None and (
+            isinstance(max_windows, bool)
+            or not isinstance(max_windows, int)
+            or max_windows <= 0
+        ):
+            raise ValueError(
+                "`max_windows` must be a positive int or None. "
+                f"Received: max_windows={max_windows!r}"
             )
         self.max_windows = max_windows
         self._rng = np.random.default_rng(seed)
@@ -245,6 +322,8 @@ class ForecastingWindows(keras.utils.PyDataset):
         return math.ceil(len(self._order) / self.batch_size)
 
     def __getitem__(self, index):
+        if not 0 <= index < len(self):
+            raise IndexError(f"index={index} out of range [0, {len(self)})")
         starts = self._order[
             index * self.batch_size : (index + 1) * self.batch_size
         ]

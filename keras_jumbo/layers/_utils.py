@@ -43,6 +43,17 @@ def check_positive_int(name, value, allow_zero=False):
     return value
 
 
+def check_positive_float(name, value):
+    """Raise unless `value` is a number > 0 (an epsilon, a width ratio)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"`{name}` must be a number > 0. Received: {name}={value!r}"
+        )
+    if not value > 0:
+        raise ValueError(f"`{name}` must be > 0. Received: {name}={value}")
+    return value
+
+
 def check_rate(name, value):
     """Raise unless `value` is a float in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -1,189 +1,121 @@
 import keras
 
-from keras_jumbo.layers._utils import check_choice
-from keras_jumbo.layers._utils import check_positive_int
-from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers.jumbo_block import JumboBlock
 from keras_jumbo.layers.mlp import MLP
-from keras_jumbo.layers.transformer_block import TransformerBlock
+from keras_jumbo.layers.patchtst_encoder_block import PatchTSTEncoderBlock
+from keras_jumbo.layers.vit_block import ViTBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class TransformerEncoder(keras.layers.Layer):
-    """A stack of `TransformerBlock`s, owning the shared Jumbo FFN.
+    """A stack of encoder blocks, owning the shared Jumbo FFN.
 
-    Holding the blocks in one layer (as keras-hub's `ViTEncoder` does) lets
-    one Jumbo FFN be shared by every block and still save and reload as
-    one shared set of weights.
+    The model builds its blocks (`ViTBlock`, `JumboBlock`,
+    `PatchTSTEncoderBlock`) from its own config and hands them over; the
+    encoder runs them in order. Holding them in one layer (as keras-hub's
+    `ViTEncoder` does) lets one Jumbo FFN be shared by every block
+    (`JumboBlock(share_jumbo_mlp=True)`; official release, Jumbo Table 3
+    "layer share") and still save and reload as one set of weights, and
+    carries each `PatchTSTEncoderBlock`'s attention scores to the next
+    (residual attention).
 
     Args:
-        depth: int, number of blocks.
-        num_heads: int, attention heads.
-        mlp_dim: int, hidden width of the patch FFN.
-        jumbo_multiplier: int >= 0, J (0 = plain blocks).
-        jumbo_mlp_dim: int, hidden width of the Jumbo FFN(s).
-        share_jumbo_mlp: bool, one Jumbo FFN for all blocks.
-        jumbo_lora_rank: int or None, per-block low-rank adapter on the
-            shared Jumbo FFN.
-        last_block_patch_mlp: bool, whether the last block has a patch FFN
-            (False when the head reads only the Jumbo token; the paper
-            discards those weights, §3.2).
-        last_block_jumbo_mlp: bool, whether the last block has its Jumbo
-            FFN branch (False when the head reads only patch tokens).
-        dropout_rate, attention_dropout_rate: floats in [0, 1).
-        drop_path_rate: float, stochastic depth of the last block.
-        drop_path_schedule: `"linear"` (rate grows from 0 to
-            `drop_path_rate` over depth, as timm/DeiT) or `"constant"`
-            (every block uses `drop_path_rate`, as the official Jumbo code).
-        layer_scale_init_value: float or None.
-        layer_norm_epsilon: float.
-        normalization: `"layer_norm"` or `"batch_norm"` (see
-            `TransformerBlock`).
-        norm_first: bool, pre-norm (True) or post-norm blocks.
-        residual_attention: bool, each block adds the previous block's
-            attention scores to its own (official PatchTST).
-        activation: FFN activation.
-        qkv_bias: bool.
-        kernel_initializer: initializer of the Dense kernels.
+        blocks: a non-empty list of `ViTBlock` (or subclass) /
+            `PatchTSTEncoderBlock` layers (or their serialised configs).
+        shared_jumbo_mlp: an `MLP` mapping `J * D -> J * D` (or its
+            serialised config), given exactly when some block has
+            `share_jumbo_mlp=True`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
-        inputs: `(batch, J + N, D)`.
+        inputs: `(batch, length, D)`.
         training: bool.
 
     Returns:
-        `(batch, J + N, D)`.
+        `(batch, length, D)`.
 
     Example:
-    >>> encoder = TransformerEncoder(depth=2, num_heads=2, mlp_dim=16)
+    >>> encoder = TransformerEncoder([ViTBlock(2, 16), ViTBlock(2, 16)])
     >>> encoder(np.zeros((2, 5, 8))).shape
     (2, 5, 8)
     """
 
-    def __init__(
-        self,
-        depth,
-        num_heads,
-        mlp_dim,
-        jumbo_multiplier=0,
-        jumbo_mlp_dim=None,
-        share_jumbo_mlp=False,
-        jumbo_lora_rank=None,
-        last_block_patch_mlp=True,
-        last_block_jumbo_mlp=True,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        drop_path_rate=0.0,
-        drop_path_schedule="linear",
-        layer_scale_init_value=None,
-        layer_norm_epsilon=1e-6,
-        normalization="layer_norm",
-        norm_first=True,
-        residual_attention=False,
-        activation="gelu",
-        qkv_bias=True,
-        kernel_initializer="glorot_uniform",
-        **kwargs,
-    ):
+    def __init__(self, blocks, shared_jumbo_mlp=None, **kwargs):
         super().__init__(**kwargs)
-        self.normalization = normalization
-        self.norm_first = norm_first
-        self.residual_attention = residual_attention
-        self.depth = check_positive_int("depth", depth)
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
-        self.jumbo_multiplier = jumbo_multiplier
-        self.jumbo_mlp_dim = jumbo_mlp_dim
-        self.share_jumbo_mlp = bool(share_jumbo_mlp)
-        self.jumbo_lora_rank = jumbo_lora_rank
-        self.last_block_patch_mlp = bool(last_block_patch_mlp)
-        self.last_block_jumbo_mlp = bool(last_block_jumbo_mlp)
-        self.dropout_rate = dropout_rate
-        self.attention_dropout_rate = attention_dropout_rate
-        self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
-        self.drop_path_schedule = check_choice(
-            "drop_path_schedule", drop_path_schedule, {"linear", "constant"}
-        )
-        self.layer_scale_init_value = layer_scale_init_value
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.activation = activation
-        self.qkv_bias = qkv_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        if self.share_jumbo_mlp and jumbo_multiplier and jumbo_mlp_dim is None:
-            raise ValueError(
-                "`jumbo_mlp_dim` is required for a shared Jumbo FFN. "
-                "Received: jumbo_mlp_dim=None"
+        if not isinstance(blocks, (list, tuple)) or not blocks:
+            raise TypeError(
+                "`blocks` must be a non-empty list of encoder blocks. "
+                f"Received: blocks={blocks!r}"
             )
-        self.blocks = [
-            TransformerBlock(
-                num_heads,
-                mlp_dim,
-                jumbo_multiplier=jumbo_multiplier,
-                jumbo_mlp_dim=jumbo_mlp_dim,
-                share_jumbo_mlp=self.share_jumbo_mlp,
-                jumbo_lora_rank=jumbo_lora_rank,
-                use_patch_mlp=(
-                    self.last_block_patch_mlp or index < self.depth - 1
-                ),
-                use_jumbo_mlp=(
-                    self.last_block_jumbo_mlp or index < self.depth - 1
-                ),
-                dropout_rate=dropout_rate,
-                attention_dropout_rate=attention_dropout_rate,
-                drop_path_rate=self._drop_path(index),
-                layer_scale_init_value=layer_scale_init_value,
-                layer_norm_epsilon=layer_norm_epsilon,
-                normalization=normalization,
-                norm_first=norm_first,
-                residual_attention=residual_attention,
-                activation=activation,
-                qkv_bias=qkv_bias,
-                kernel_initializer=self.kernel_initializer,
-                dtype=self.dtype_policy,
-                name=f"block_{index}",
-            )
-            for index in range(self.depth)
+        blocks = [_deserialize(block) for block in blocks]
+        shared_jumbo_mlp = _deserialize(shared_jumbo_mlp)
+        for block in blocks:
+            if not isinstance(block, (ViTBlock, PatchTSTEncoderBlock)):
+                raise TypeError(
+                    "Every block must be a ViTBlock, JumboBlock or "
+                    "PatchTSTEncoderBlock. Received: a "
+                    f"{type(block).__name__} ({block!r})"
+                )
+        sharing = [
+            block.name
+            for block in blocks
+            if isinstance(block, JumboBlock) and block.share_jumbo_mlp
         ]
-        self.shared_jumbo_mlp = None
-        if self.share_jumbo_mlp and jumbo_multiplier:
-            self.shared_jumbo_mlp = MLP(
-                jumbo_mlp_dim,
-                activation=activation,
-                dropout_rate=dropout_rate,
-                kernel_initializer=self.kernel_initializer,
-                dtype=self.dtype_policy,
-                name="shared_jumbo_mlp",
+        if sharing and shared_jumbo_mlp is None:
+            raise ValueError(
+                f"Blocks {sharing} share a Jumbo FFN; pass it as "
+                "`shared_jumbo_mlp`. Received: shared_jumbo_mlp=None"
             )
+        if shared_jumbo_mlp is not None:
+            if not isinstance(shared_jumbo_mlp, MLP):
+                raise TypeError(
+                    "`shared_jumbo_mlp` must be an MLP. Received: "
+                    f"{type(shared_jumbo_mlp).__name__}"
+                )
+            if not sharing:
+                raise ValueError(
+                    "`shared_jumbo_mlp` is given but no block has "
+                    "share_jumbo_mlp=True; it would never be used."
+                )
+        self.blocks = list(blocks)
+        self.shared_jumbo_mlp = shared_jumbo_mlp
 
-    def _drop_path(self, index):
-        from keras_jumbo.schedules import drop_path_rates
-
-        return drop_path_rates(
-            self.drop_path_rate, self.depth, self.drop_path_schedule
-        )[index]
+    @property
+    def depth(self):
+        return len(self.blocks)
 
     def build(self, input_shape):
+        # Blocks deserialised from a config come built (their build
+        # config is saved with them).
         for block in self.blocks:
-            block.build(input_shape)
-        if self.shared_jumbo_mlp is not None:
-            jumbo_dim = self.jumbo_multiplier * input_shape[-1]
+            if not block.built:
+                block.build(input_shape)
+        if (
+            self.shared_jumbo_mlp is not None
+            and not self.shared_jumbo_mlp.built
+        ):
+            jumbo_dim = self.blocks[0].jumbo_multiplier * input_shape[-1]
             self.shared_jumbo_mlp.build((input_shape[0], jumbo_dim))
 
     def call(self, inputs, training=None):
         x, scores = inputs, None
         for block in self.blocks:
-            if self.residual_attention:
+            if isinstance(block, PatchTSTEncoderBlock):
                 x, scores = block(
                     x,
                     training=training,
-                    shared_jumbo_mlp=self.shared_jumbo_mlp,
-                    attention_scores=scores,
+                    attention_scores=(
+                        scores if block.residual_attention else None
+                    ),
                 )
-            else:
+            elif isinstance(block, JumboBlock):
                 x = block(
                     x,
                     training=training,
                     shared_jumbo_mlp=self.shared_jumbo_mlp,
                 )
+            else:
+                x = block(x, training=training)
         return x
 
     def compute_output_shape(self, input_shape):
@@ -193,29 +125,25 @@ class TransformerEncoder(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "depth": self.depth,
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "jumbo_multiplier": self.jumbo_multiplier,
-                "jumbo_mlp_dim": self.jumbo_mlp_dim,
-                "share_jumbo_mlp": self.share_jumbo_mlp,
-                "jumbo_lora_rank": self.jumbo_lora_rank,
-                "last_block_patch_mlp": self.last_block_patch_mlp,
-                "last_block_jumbo_mlp": self.last_block_jumbo_mlp,
-                "dropout_rate": self.dropout_rate,
-                "attention_dropout_rate": self.attention_dropout_rate,
-                "drop_path_rate": self.drop_path_rate,
-                "drop_path_schedule": self.drop_path_schedule,
-                "layer_scale_init_value": self.layer_scale_init_value,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "normalization": self.normalization,
-                "norm_first": self.norm_first,
-                "residual_attention": self.residual_attention,
-                "activation": self.activation,
-                "qkv_bias": self.qkv_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
+                "blocks": [
+                    keras.saving.serialize_keras_object(block)
+                    for block in self.blocks
+                ],
+                "shared_jumbo_mlp": (
+                    None
+                    if self.shared_jumbo_mlp is None
+                    else keras.saving.serialize_keras_object(
+                        self.shared_jumbo_mlp
+                    )
                 ),
             }
         )
         return config
+
+
+def _deserialize(layer):
+    """A layer, or the layer of a serialised config (`get_config` keeps
+    blocks serialised, as keras wrappers do)."""
+    if isinstance(layer, dict):
+        return keras.saving.deserialize_keras_object(layer)
+    return layer

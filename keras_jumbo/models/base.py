@@ -52,6 +52,102 @@ class ConfiguredModel(keras.Model):
         for key, value in self._config.items():
             setattr(self, key, value)
 
+    # Shown with the error of a wrong input shape (e.g. how to change the
+    # image size); set by subclasses.
+    input_shape_hint = ""
+
+    def __call__(self, *args, **kwargs):
+        inputs = args[0] if args else kwargs.get("inputs")
+        if inputs is not None:
+            self.check_input_shapes(inputs)
+            self.check_input_values(inputs)
+        return super().__call__(*args, **kwargs)
+
+    # The training entry points check array / tf.data inputs before any
+    # step is traced: on TensorFlow the traced step sees relaxed (None)
+    # shapes, and on JAX an error inside a traced step leaves the model's
+    # variables unusable (Keras 3.15).
+    def fit(self, x=None, *args, **kwargs):
+        self._check_data(x)
+        validation = kwargs.get("validation_data")
+        if isinstance(validation, (tuple, list)) and validation:
+            self._check_data(validation[0])
+        else:
+            self._check_data(validation)
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        self._check_data(x)
+        return super().evaluate(x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        self._check_data(x)
+        return super().predict(x, *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        self._check_data(x)
+        return super().train_on_batch(x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        self._check_data(x)
+        return super().test_on_batch(x, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        self._check_data(x)
+        return super().predict_on_batch(x)
+
+    def _check_data(self, x):
+        """Check arrays, dicts of arrays and tf.data element specs (other
+        data, e.g. a PyDataset, is checked at the first call)."""
+        spec = getattr(x, "element_spec", None)
+        if spec is not None:
+            if isinstance(spec, (tuple, list)):
+                spec = spec[0]
+            self.check_input_shapes(spec)
+        elif isinstance(x, dict) or hasattr(x, "shape"):
+            self.check_input_shapes(x)
+            self.check_input_values(x)
+
+    def check_input_values(self, inputs):
+        """Check concrete (numpy) input values; a subclass hook."""
+
+    def check_input_shapes(self, inputs):
+        """Raise unless `inputs` have the model's static input shapes.
+
+        Keras checks this on PyTorch only; on JAX a ViT called at another
+        resolution would silently crop or resample, on TensorFlow fail
+        deep inside. Every backend gets this one error instead.
+        """
+        expected = keras.tree.flatten(self.input)
+        given = keras.tree.flatten(inputs)
+        if len(expected) != len(given):
+            return  # Keras reports a wrong input structure itself
+        for spec, value in zip(expected, given, strict=True):
+            shape = getattr(value, "shape", None)
+            if shape is None:
+                continue
+            want, got = tuple(spec.shape)[1:], tuple(shape)[1:]
+            if len(want) != len(got) or any(
+                w is not None and g is not None and w != g
+                for w, g in zip(want, got, strict=True)
+            ):
+                raise ValueError(
+                    f"{type(self).__name__} '{self.name}' takes inputs of "
+                    f"shape {(None, *want)}. Received: input of shape "
+                    f"{tuple(shape)}.{self.input_shape_hint}"
+                )
+
+    def compile_from_config(self, config):
+        """Reload the saved compile settings, except `jit_compile`, which
+        becomes `"auto"`: the loading backend's own default. A model saved
+        from JAX/TensorFlow with `jit_compile=True` would otherwise reload
+        under PyTorch with `torch.compile` on (tens of seconds for the first
+        prediction)."""
+        config = dict(config)
+        if "jit_compile" in config:
+            config["jit_compile"] = "auto"
+        return super().compile_from_config(config)
+
     def get_config(self):
         return {"name": self.name, "trainable": self.trainable, **self._config}
 

@@ -22,7 +22,7 @@ has a rule `(layer, input_shapes, output_shape) -> MACs` evaluated at
 batch 1. Layers that move a data axis into the batch (`FoldChannels`:
 channel independence, C series per example) scale the MACs of every layer
 after them by C, until the matching unfold. Composite
-keras_jumbo layers (`TransformerBlock`, `ParallelBranchBlock`, ...) have
+keras_jumbo layers (`ViTBlock`, `JumboBlock`, `ParallelBranchBlock`, ...) have
 rules that follow their own computation. A layer with weights but no rule
 raises, rather than being silently counted as free; register one with
 `register_mac_rule`.
@@ -37,6 +37,7 @@ from keras_jumbo._keras_internals import is_functional
 from keras_jumbo.layers import MLP
 from keras_jumbo.layers import BlockwiseMHSA
 from keras_jumbo.layers import FoldChannels
+from keras_jumbo.layers import JumboBlock
 from keras_jumbo.layers import LayerScale
 from keras_jumbo.layers import MaskedLayerNorm
 from keras_jumbo.layers import MultiHeadSelfAttention
@@ -44,12 +45,13 @@ from keras_jumbo.layers import MultiScalePatchFusion
 from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PatchEmbedding1D
+from keras_jumbo.layers import PatchTSTEncoderBlock
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import PrefixTokens
 from keras_jumbo.layers import ResidualSpatialReduction
 from keras_jumbo.layers import RevIN
-from keras_jumbo.layers import TransformerBlock
 from keras_jumbo.layers import TransformerEncoder
+from keras_jumbo.layers import ViTBlock
 
 _RULES = {}
 
@@ -298,8 +300,18 @@ def _self_attention_rule(layer, input_shapes, output_shape):
     )
 
 
-@register_mac_rule(TransformerBlock)
-def _transformer_block_rule(layer, input_shapes, output_shape, shared=None):
+@register_mac_rule(ViTBlock)
+@register_mac_rule(PatchTSTEncoderBlock)
+def _vit_block_rule(layer, input_shapes, output_shape):
+    # MaskedViTBlock too (a ViTBlock): the full-size block, masks aside.
+    shape = input_shapes[0]
+    return _self_attention_rule(layer.attention, [shape], shape) + _mlp_rule(
+        layer.mlp, [shape], shape
+    )
+
+
+@register_mac_rule(JumboBlock)
+def _jumbo_block_rule(layer, input_shapes, output_shape, shared=None):
     shape = input_shapes[0]
     batch, length, dim = shape
     macs = _self_attention_rule(layer.attention, [shape], shape)
@@ -307,9 +319,9 @@ def _transformer_block_rule(layer, input_shapes, output_shape, shared=None):
     if layer.use_patch_mlp:
         patches = (batch, length - num_jumbo, dim)
         macs += _mlp_rule(layer.mlp, [patches], patches)
-    if num_jumbo and layer.use_jumbo_mlp:
+    if layer.use_jumbo_mlp:
         jumbo = (batch, num_jumbo * dim)
-        mlp = layer.jumbo_mlp or shared
+        mlp = shared if layer.share_jumbo_mlp else layer.jumbo_mlp
         if mlp is None:
             raise ValueError(
                 f"Block '{layer.name}' shares its Jumbo FFN; count it through "
@@ -324,9 +336,11 @@ def _transformer_block_rule(layer, input_shapes, output_shape, shared=None):
 @register_mac_rule(TransformerEncoder)
 def _encoder_rule(layer, input_shapes, output_shape):
     return sum(
-        _transformer_block_rule(
+        _jumbo_block_rule(
             block, input_shapes, output_shape, shared=layer.shared_jumbo_mlp
         )
+        if isinstance(block, JumboBlock)
+        else _vit_block_rule(block, input_shapes, output_shape)
         for block in layer.blocks
     )
 

@@ -1,7 +1,7 @@
 """PatchTST (+Registers, +Jumbo) classifiers and forecasters, MS-PatchTST.
 
 One backbone for all of them (patching, channel independence, learned
-1-D position embeddings, prefix tokens, the shared `TransformerEncoder`);
+1-D position embeddings, prefix tokens, one `TransformerEncoder` of blocks);
 the models differ in their prefix tokens, head and normalisation.
 """
 
@@ -11,21 +11,26 @@ import keras
 
 from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import FoldChannels
+from keras_jumbo.layers import JumboBlock
 from keras_jumbo.layers import JumboToken
 from keras_jumbo.layers import MultiScalePatchFusion
 from keras_jumbo.layers import PatchEmbedding1D
+from keras_jumbo.layers import PatchTSTEncoderBlock
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import Registers
 from keras_jumbo.layers import RevIN
 from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import TransformerEncoder
+from keras_jumbo.layers import ViTBlock
 from keras_jumbo.layers import num_patches as count_patches
 from keras_jumbo.layers import patching_for_num_patches
+from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
+from keras_jumbo.schedules import drop_path_rates
 
 # The PatchTST backbone every model here defaults to: the official PatchTST
 # scripts' (Nie et al., ICLR 2023: width 128, 16 heads, 3 layers, FFN 256),
@@ -135,15 +140,12 @@ def _backbone(
             x = Registers(num_registers, name=f"{prefix}registers")(x)
         if use_class_token:
             x = ClassToken(name=f"{prefix}class_token")(x)
-    x = TransformerEncoder(
-        depth,
-        num_heads,
-        mlp_dim,
+    blocks = _encoder_blocks(
+        depth=depth,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
         jumbo_multiplier=jumbo_multiplier,
         jumbo_mlp_dim=jumbo_mlp_dim,
-        # The Jumbo head reads only the Jumbo tokens: the last block's
-        # patch FFN would never be used (as JumboViT's head="jumbo").
-        last_block_patch_mlp=not jumbo_multiplier,
         dropout_rate=dropout_rate,
         attention_dropout_rate=attention_dropout_rate,
         drop_path_rate=drop_path_rate,
@@ -152,9 +154,71 @@ def _backbone(
         residual_attention=residual_attention,
         layer_norm_epsilon=layer_norm_epsilon,
         activation=activation,
-        name=f"{prefix}encoder",
-    )(x)
-    return x
+    )
+    return TransformerEncoder(blocks, name=f"{prefix}encoder")(x)
+
+
+def _encoder_blocks(
+    *,
+    depth,
+    jumbo_multiplier,
+    jumbo_mlp_dim,
+    drop_path_rate,
+    normalization,
+    norm_first,
+    residual_attention,
+    **common,
+):
+    """The backbone's blocks: `ViTBlock`s for the ViT-style encoder of the
+    Jumbo paper (pre-norm LayerNorm, no residual attention), `JumboBlock`s
+    with a Jumbo token, else the official `PatchTSTEncoderBlock`s."""
+    check_choice("normalization", normalization, {"layer_norm", "batch_norm"})
+    check_bool("norm_first", norm_first)
+    check_bool("residual_attention", residual_attention)
+    vit_style = (
+        normalization == "layer_norm" and norm_first and not residual_attention
+    )
+    rates = drop_path_rates(drop_path_rate, depth)
+    if jumbo_multiplier:
+        if not vit_style:
+            raise ValueError(
+                "The Jumbo token runs in ViT blocks: use "
+                "normalization='layer_norm', norm_first=True, "
+                "residual_attention=False with jumbo_multiplier > 0. "
+                f"Received: normalization={normalization!r}, "
+                f"norm_first={norm_first}, "
+                f"residual_attention={residual_attention}"
+            )
+        return [
+            JumboBlock(
+                **common,
+                jumbo_multiplier=jumbo_multiplier,
+                jumbo_mlp_dim=jumbo_mlp_dim,
+                # The Jumbo head reads only the Jumbo tokens: the last
+                # block's patch FFN would never be used (as JumboViT's
+                # head="jumbo").
+                use_patch_mlp=index < depth - 1,
+                drop_path_rate=rate,
+                name=f"block_{index}",
+            )
+            for index, rate in enumerate(rates)
+        ]
+    if vit_style:
+        return [
+            ViTBlock(**common, drop_path_rate=rate, name=f"block_{index}")
+            for index, rate in enumerate(rates)
+        ]
+    return [
+        PatchTSTEncoderBlock(
+            **common,
+            normalization=normalization,
+            norm_first=norm_first,
+            residual_attention=residual_attention,
+            drop_path_rate=rate,
+            name=f"block_{index}",
+        )
+        for index, rate in enumerate(rates)
+    ]
 
 
 def _series_input(sequence_length, num_channels):
@@ -204,8 +268,10 @@ class PatchTSTClassifier(ConfiguredModel):
         jumbo_mlp_dim: hidden width of the Jumbo FFN.
         dropout_rate, attention_dropout_rate, drop_path_rate: floats.
         head_dropout_rate: dropout before the classifier.
-        normalization, norm_first, residual_attention: see
-            `TransformerBlock`.
+        normalization, norm_first, residual_attention: the encoder's
+            blocks: the defaults give `ViTBlock`s (`JumboBlock`s with a
+            Jumbo token); anything else the official PatchTST's
+            `PatchTSTEncoderBlock` (not with a Jumbo token).
         instance_norm: bool, normalise each series (RevIN without affine)
             before patching.
         layer_norm_epsilon: float.
@@ -220,6 +286,11 @@ class PatchTSTClassifier(ConfiguredModel):
     >>> model(np.zeros((2, 96, 3))).shape
     (2, 4)
     """
+
+    input_shape_hint = (
+        " Series are (batch, sequence_length, num_channels); build the "
+        "model with the data's length and channel count."
+    )
 
     def __init__(
         self,
@@ -425,6 +496,11 @@ class MSPatchTST(ConfiguredModel):
     >>> model(np.zeros((2, 96, 3))).shape
     (2, 24, 3)
     """
+
+    input_shape_hint = (
+        " Series are (batch, sequence_length, num_channels); build the "
+        "model with the data's length and channel count."
+    )
 
     _default_name = "ms_patchtst"
 

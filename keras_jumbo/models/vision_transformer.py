@@ -19,7 +19,9 @@ import logging
 
 import keras
 
+from keras_jumbo.layers import MLP
 from keras_jumbo.layers import ClassToken
+from keras_jumbo.layers import JumboBlock
 from keras_jumbo.layers import JumboToken
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
@@ -27,8 +29,10 @@ from keras_jumbo.layers import Registers
 from keras_jumbo.layers import TokenDropping
 from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import TransformerEncoder
+from keras_jumbo.layers import ViTBlock
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
+from keras_jumbo.layers._utils import check_positive_float
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
@@ -37,33 +41,10 @@ from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.models.vit_sizes import VIT_SIZES
 from keras_jumbo.models.vit_sizes import get_size
+from keras_jumbo.schedules import drop_path_rates
 
 HEADS = ("jumbo", "official", "token", "avg")
 logger = logging.getLogger("keras_jumbo")
-
-
-def _check_ratio(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"`{name}` must be a number. Received: {name}={value!r}"
-        )
-    if value <= 0:
-        raise ValueError(f"`{name}` must be > 0. Received: {name}={value}")
-    return value
-
-
-def _check_epsilon(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            "`layer_norm_epsilon` must be a number. "
-            f"Received: layer_norm_epsilon={value!r}"
-        )
-    if not value > 0:
-        raise ValueError(
-            "`layer_norm_epsilon` must be > 0. "
-            f"Received: layer_norm_epsilon={value}"
-        )
-    return value
 
 
 class VisionTransformerBase(ConfiguredModel):
@@ -72,6 +53,12 @@ class VisionTransformerBase(ConfiguredModel):
     Not built directly: `ViT`, `RegistersViT`, `JumboViT` and `NonDeepViT`
     call `_build` from their `__init__` with their resolved config.
     """
+
+    input_shape_hint = (
+        " For another image size, rebuild the model at that size with "
+        "`keras_jumbo.models.with_image_size(model, size)` (position "
+        "embeddings resampled once)."
+    )
 
     exposed_layers = (
         "patch_embedding",
@@ -112,9 +99,9 @@ class VisionTransformerBase(ConfiguredModel):
         check_bool("include_top", g["include_top"])
         check_rate("token_drop_rate", g["token_drop_rate"])
         check_rate("head_dropout_rate", g["head_dropout_rate"])
-        _check_ratio("mlp_ratio", g["mlp_ratio"])
-        _check_ratio("jumbo_mlp_ratio", g["jumbo_mlp_ratio"])
-        _check_epsilon(g["layer_norm_epsilon"])
+        check_positive_float("mlp_ratio", g["mlp_ratio"])
+        check_positive_float("jumbo_mlp_ratio", g["jumbo_mlp_ratio"])
+        check_positive_float("layer_norm_epsilon", g["layer_norm_epsilon"])
         image_size = to_pair("image_size", g["image_size"])
         patch_size = to_pair("patch_size", g["patch_size"])
         if any(i % p for i, p in zip(image_size, patch_size, strict=True)):
@@ -122,6 +109,11 @@ class VisionTransformerBase(ConfiguredModel):
                 "`image_size` must be divisible by `patch_size`. Received: "
                 f"image_size={image_size}, patch_size={patch_size}"
             )
+        check_choice(
+            "drop_path_schedule",
+            g["drop_path_schedule"],
+            {"linear", "constant"},
+        )
         head = check_choice("head", g["head"], HEADS)
         is_jumbo = g["jumbo_multiplier"] > 0
         if head in ("jumbo", "official") and not is_jumbo:
@@ -174,32 +166,7 @@ class VisionTransformerBase(ConfiguredModel):
                 self.class_token = ClassToken(name="class_token")
         blocks = self._build_blocks(g, mlp_dim)
         if blocks is None:
-            self.encoder = TransformerEncoder(
-                g["depth"],
-                g["num_heads"],
-                mlp_dim,
-                jumbo_multiplier=g["jumbo_multiplier"],
-                jumbo_mlp_dim=(
-                    int(g["jumbo_multiplier"] * dim * g["jumbo_mlp_ratio"])
-                    if is_jumbo
-                    else None
-                ),
-                share_jumbo_mlp=g["share_jumbo_mlp"],
-                jumbo_lora_rank=g["jumbo_lora_rank"],
-                last_block_patch_mlp=last_block_patch_mlp,
-                # Nothing reads the Jumbo token after the last block for
-                # head="avg".
-                last_block_jumbo_mlp=head != "avg",
-                dropout_rate=g["dropout_rate"],
-                attention_dropout_rate=g["attention_dropout_rate"],
-                drop_path_rate=g["drop_path_rate"],
-                drop_path_schedule=g["drop_path_schedule"],
-                layer_scale_init_value=g["layer_scale_init_value"],
-                layer_norm_epsilon=g["layer_norm_epsilon"],
-                activation=g["activation"],
-                qkv_bias=g["qkv_bias"],
-                name="encoder",
-            )
+            self.encoder = self._build_encoder(g, mlp_dim, last_block_patch_mlp)
             self.blocks = self.encoder.blocks
         else:
             self.encoder = None
@@ -262,6 +229,59 @@ class VisionTransformerBase(ConfiguredModel):
         """Blocks built by a subclass instead of the encoder (or None)."""
         return None
 
+    def _build_encoder(self, g, mlp_dim, last_block_patch_mlp):
+        """`ViTBlock`s, or `JumboBlock`s (+ the shared Jumbo FFN)."""
+        depth = g["depth"]
+        rates = drop_path_rates(
+            g["drop_path_rate"], depth, g["drop_path_schedule"]
+        )
+        common = dict(
+            num_heads=g["num_heads"],
+            mlp_dim=mlp_dim,
+            dropout_rate=g["dropout_rate"],
+            attention_dropout_rate=g["attention_dropout_rate"],
+            layer_scale_init_value=g["layer_scale_init_value"],
+            layer_norm_epsilon=g["layer_norm_epsilon"],
+            activation=g["activation"],
+            qkv_bias=g["qkv_bias"],
+        )
+        num_jumbo = g["jumbo_multiplier"]
+        if not num_jumbo:
+            blocks = [
+                ViTBlock(**common, drop_path_rate=rate, name=f"block_{i}")
+                for i, rate in enumerate(rates)
+            ]
+            return TransformerEncoder(blocks, name="encoder")
+        jumbo_mlp_dim = int(num_jumbo * g["hidden_dim"] * g["jumbo_mlp_ratio"])
+        shared = g["share_jumbo_mlp"]
+        blocks = [
+            JumboBlock(
+                **common,
+                jumbo_multiplier=num_jumbo,
+                jumbo_mlp_dim=jumbo_mlp_dim,
+                share_jumbo_mlp=shared,
+                jumbo_lora_rank=g["jumbo_lora_rank"],
+                use_patch_mlp=last_block_patch_mlp or i < depth - 1,
+                # Nothing reads the Jumbo token after the last block for
+                # head="avg".
+                use_jumbo_mlp=g["head"] != "avg" or i < depth - 1,
+                drop_path_rate=rate,
+                name=f"block_{i}",
+            )
+            for i, rate in enumerate(rates)
+        ]
+        shared_mlp = None
+        if shared:
+            shared_mlp = MLP(
+                jumbo_mlp_dim,
+                activation=g["activation"],
+                dropout_rate=g["dropout_rate"],
+                name="shared_jumbo_mlp",
+            )
+        return TransformerEncoder(
+            blocks, shared_jumbo_mlp=shared_mlp, name="encoder"
+        )
+
     @property
     def grid_size(self):
         """The patch grid `(rows, cols)` at the model's image size."""
@@ -287,8 +307,8 @@ class VisionTransformerBase(ConfiguredModel):
 
         Args:
             preset: a name from `keras_jumbo.models.list_presets()` (e.g.
-                `"jumbo_nano_imagenet1k"`: downloaded once with
-                `keras.utils.get_file`, converted, cached), a directory
+                `"jumbo_nano_imagenet1k"`: downloaded once (resumed if
+                interrupted), converted, cached), a directory
                 written by `save_to_preset`, the path of an official Jumbo
                 `.pth` checkpoint, or an `http(s)://` / `file://` URL of one.
             num_classes: None keeps the preset's head; another number keeps

@@ -12,7 +12,7 @@ from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import ResidualSpatialReduction
 from keras_jumbo.layers import TokenPooling
-from keras_jumbo.layers import TransformerBlock
+from keras_jumbo.layers import ViTBlock
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
@@ -320,14 +320,13 @@ def _vit_res_graph(
             x = reduction(x)
         layers["blocks"].append([])
         for number, (heads, mlp_dim) in enumerate(stage_blocks):
-            block = TransformerBlock(
+            block = ViTBlock(
                 heads,
                 mlp_dim,
                 head_dim=head_dims[stage],
                 dropout_rate=dropout_rate,
                 drop_path_rate=rates[index],
                 layer_norm_epsilon=layer_norm_epsilon,
-                normalization="masked_layer_norm",
                 name=f"stage_{stage}_block_{number}",
             )
             layers["blocks"][-1].append(block)
@@ -385,9 +384,10 @@ class ViTRes(ConfiguredModel):
     >>> model = ViTRes("tiny", num_classes=10, image_size=56)
 
     Choices: the CLS token gets no position embedding (as every keras_jumbo
-    ViT; the reference adds one); all norms are `MaskedLayerNorm`, i.e.
-    LayerNorm with the same weights, so searched sub-networks and
-    standalone models share one weight layout.
+    ViT; the reference adds one). The blocks are plain `ViTBlock`s (the
+    super-network's are `MaskedViTBlock`s with the same weight layout); the
+    stem's and the final norm are `MaskedLayerNorm`, i.e. LayerNorm with
+    the same weights, shared with the super-network's front.
     """
 
     sizes = ("tiny",)

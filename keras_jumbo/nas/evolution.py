@@ -1,5 +1,7 @@
 """Evolutionary search under a MAC budget (ViT-ResNAS §2.3, §3.1)."""
 
+import math
+
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.nas.search_space import SearchSpace
 from keras_jumbo.nas.search_space import as_rng
@@ -33,6 +35,10 @@ def evolutionary_search(
     evaluated and added to the population. Defaults are the paper's
     (P0=500, 75 parents, 150 children, p=0.3, 20 iterations).
 
+    A candidate whose score is not finite (NaN from a diverged
+    sub-network, or inf) ranks below every finite one and is never
+    returned; if every candidate scores so, the search raises.
+
     Args:
         space: a `SearchSpace`.
         evaluate: callable `arch -> score` (higher is better), e.g.
@@ -45,8 +51,10 @@ def evolutionary_search(
 
     Returns:
         dict with `architecture`, `score`, `macs`, `history` (best score
-        after each round, the initial population first) and `evaluated`
-        (number of distinct candidates scored).
+        after each round, the initial population first; NaN while no
+        candidate has a finite score), `evaluated` (number of distinct
+        candidates scored) and `non_finite` (how many of them scored NaN
+        or inf).
     """
     if not isinstance(space, SearchSpace):
         raise TypeError(
@@ -59,6 +67,24 @@ def evolutionary_search(
     ):
         check_positive_int(arg, value, allow_zero=arg == "iterations")
     check_positive_int("num_children", num_children, allow_zero=True)
+    if num_parents > population_size:
+        raise ValueError(
+            "`num_parents` must be <= `population_size` (parents are drawn "
+            f"from the population). Received: num_parents={num_parents}, "
+            f"population_size={population_size}"
+        )
+    if isinstance(mutation_probability, bool) or not isinstance(
+        mutation_probability, (int, float)
+    ):
+        raise TypeError(
+            "`mutation_probability` must be a float in [0, 1]. Received: "
+            f"mutation_probability={mutation_probability!r}"
+        )
+    if not 0.0 <= mutation_probability <= 1.0:
+        raise ValueError(
+            "`mutation_probability` must be in [0, 1]. Received: "
+            f"mutation_probability={mutation_probability}"
+        )
     if not 0.0 < lower_ratio <= 1.0:
         raise ValueError(
             f"`lower_ratio` must be in (0, 1]. Received: {lower_ratio}"
@@ -104,8 +130,13 @@ def evolutionary_search(
         tries += 1
         add(space.sample(rng))
 
+    def rank(key):
+        # Non-finite scores (diverged sub-networks) rank last.
+        score = scores[key]
+        return (1, score) if math.isfinite(score) else (0, 0.0)
+
     def best_keys(count):
-        return sorted(scores, key=scores.get, reverse=True)[:count]
+        return sorted(scores, key=rank, reverse=True)[:count]
 
     history = [scores[best_keys(1)[0]]]
     if log:
@@ -129,10 +160,19 @@ def evolutionary_search(
                 f"best {history[-1]:.4f}"
             )
     best = best_keys(1)[0]
+    non_finite = sum(not math.isfinite(v) for v in scores.values())
+    if not math.isfinite(scores[best]):
+        raise ValueError(
+            f"Every one of the {len(scores)} candidates scored a non-finite "
+            "value (NaN or inf), so there is no best sub-network; check "
+            "the super-network's training (a diverged run) or `evaluate`. "
+            f"Received: scores such as {scores[best]}"
+        )
     return {
         "architecture": archs[best],
         "score": scores[best],
         "macs": macs(archs[best]),
         "history": history,
         "evaluated": len(scores),
+        "non_finite": non_finite,
     }

@@ -14,8 +14,18 @@ from keras_jumbo.models.vit_res import STEM_STRIDE
 from keras_jumbo.models.vit_res import token_grid_size
 
 
+def _sequence(name, value, what):
+    """`value` as a tuple, or a TypeError naming what each entry is."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(
+            f"`{name}` must be a sequence with {what}. Received: "
+            f"{name}={value!r}"
+        )
+    return tuple(value)
+
+
 def _descending(name, values):
-    values = tuple(values)
+    values = _sequence(name, values, "the choices of one stage")
     if not values:
         raise ValueError(f"`{name}` needs at least one choice. Received: ()")
     for value in values:
@@ -64,6 +74,15 @@ class SearchSpace:
         skippable,
         stem_filters=24,
     ):
+        per_stage = "one entry per stage"
+        embed_dims = _sequence("embed_dims", embed_dims, per_stage)
+        head_dims = _sequence("head_dims", head_dims, per_stage)
+        num_heads = _sequence("num_heads", num_heads, per_stage)
+        mlp_dims = _sequence("mlp_dims", mlp_dims, per_stage)
+        skippable = tuple(
+            _sequence("skippable", stage, "one bool per block slot")
+            for stage in _sequence("skippable", skippable, per_stage)
+        )
         stages = len(embed_dims)
         lengths = {
             len(x)

@@ -7,9 +7,9 @@ from keras import ops
 from keras_jumbo._keras_internals import sublayers
 from keras_jumbo.layers import ApplyChannelMask
 from keras_jumbo.layers import ChannelMask
+from keras_jumbo.layers import MaskedViTBlock
 from keras_jumbo.layers import ResidualSpatialReduction
 from keras_jumbo.layers import TokenPooling
-from keras_jumbo.layers import TransformerBlock
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
@@ -63,6 +63,22 @@ class ViTResSuperNet(ConfiguredModel):
         "final_norm",
         "classifier",
     )
+
+    def check_input_values(self, inputs):
+        """Refuse architecture codes outside the search space (numpy codes:
+        every `fit`/`predict`/call with arrays; inside a traced step the
+        values are not known and a code is used as given)."""
+        codes = inputs.get("architecture") if isinstance(inputs, dict) else None
+        if not isinstance(codes, np.ndarray) or codes.ndim != 2:
+            return
+        for row in np.unique(codes, axis=0):
+            try:
+                self.space.decode(row)
+            except ValueError as error:
+                raise ValueError(
+                    f"Architecture code {row.tolist()} is outside the "
+                    f"super-network's search space: {error}"
+                ) from None
 
     def __init__(
         self,
@@ -181,13 +197,12 @@ def _supernet_graph(
                 mlp_dim, column + 2, name=f"stage_{s}_slot_{j}_hidden"
             )(codes)
             column += 3
-            block = TransformerBlock(
+            block = MaskedViTBlock(
                 heads,
                 mlp_dim,
                 head_dim=head_dim,
                 drop_path_rate=rates[index],
                 layer_norm_epsilon=layer_norm_epsilon,
-                normalization="masked_layer_norm",
                 name=f"stage_{s}_slot_{j}",
             )
             layers["blocks"][-1].append(block)
@@ -268,6 +283,12 @@ class MultiArchitectureBatches(keras.utils.PyDataset):
                 f"images and labels differ in length: {len(images)} vs "
                 f"{len(labels)}"
             )
+        if len(images) < batch_size:
+            raise ValueError(
+                "Every batch must be full (one sub-batch per sampled "
+                f"sub-network), so no batch fits in {len(images)} examples. "
+                f"Received: batch_size={batch_size}"
+            )
         self.images, self.labels, self.space = images, labels, space
         self.batch_size = batch_size
         self.num_architectures = num_architectures
@@ -326,7 +347,17 @@ class MultiArchitectureBatches(keras.utils.PyDataset):
 
 
 def evaluate_subnet(supernet, space, arch, images, labels, batch_size=256):
-    """Top-1 accuracy of sub-network `arch` with the shared weights."""
+    """Top-1 accuracy of sub-network `arch` with the shared weights, on
+    every example of `images` (the last, smaller batch included)."""
+    labels = np.asarray(labels)
+    if len(images) != len(labels) or labels.ndim != 1:
+        raise ValueError(
+            "`labels` must be one class index per image. Received: "
+            f"{len(images)} images, labels.shape={labels.shape}"
+        )
+    if not len(images):
+        raise ValueError("No images to evaluate on. Received: 0 images")
+    check_positive_int("batch_size", batch_size)
     code = np.asarray([space.encode(arch)], "int32")
     correct = 0
     for start in range(0, len(images), batch_size):
@@ -337,7 +368,7 @@ def evaluate_subnet(supernet, space, arch, images, labels, batch_size=256):
         )
         predicted = np.argmax(ops.convert_to_numpy(logits), axis=-1)
         correct += int(np.sum(predicted == labels[start : start + batch_size]))
-    return correct / max(len(images), 1)
+    return correct / len(images)
 
 
 def _slice_to(value, shape):

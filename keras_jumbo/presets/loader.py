@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import urllib.parse
+import urllib.request
 
 import keras
 
@@ -24,7 +25,10 @@ from keras_jumbo.presets.jumbo_vit import JUMBO_VIT_PRESETS
 
 logger = logging.getLogger("keras_jumbo")
 
-PRESET_FORMAT_VERSION = 1
+# Bumped when the weight layout of a saved model changes (2: the encoder
+# blocks became ViTBlock/JumboBlock/..., whose class names are part of the
+# `.weights.h5` paths); older converted caches are then converted again.
+PRESET_FORMAT_VERSION = 2
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 PRESETS = {**JUMBO_VIT_PRESETS}
@@ -135,26 +139,77 @@ def _file_digest(path):
 
 
 def _download(url, sha256, cache_dir, what):
+    """`url` into the cache, resuming an interrupted download.
+
+    Bytes arrive in `<name>.part`; a later call asks the server for the rest
+    (an HTTP `Range` request) and starts over if the server ignores it. The
+    file takes its final name only when complete (and its SHA-256 matches,
+    when one is pinned). A failure before any byte arrived (offline) leaves
+    nothing in the cache.
+    """
     name = os.path.basename(urllib.parse.urlparse(url).path) or "weights.pth"
-    base = os.path.dirname(cache_root(cache_dir))
-    # get_file falls back to /tmp/.keras when the directory is missing.
-    os.makedirs(base, exist_ok=True)
+    directory = cache_root(cache_dir)
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, name)
+    if os.path.isfile(target) and (
+        sha256 is None or _file_digest(target) == sha256
+    ):
+        return target
+    part = target + ".part"
     try:
-        return keras.utils.get_file(
-            name,
-            origin=url,
-            cache_subdir="keras_jumbo",
-            cache_dir=base,
-            file_hash=sha256,
-        )
+        _fetch(url, part)
     except Exception as error:
+        received = os.path.getsize(part) if os.path.isfile(part) else 0
+        if os.path.isfile(part) and not received:
+            os.remove(part)
+        kept = (
+            f"The {received} bytes received are kept in {part}; calling "
+            "again resumes from there."
+            if received
+            else "Nothing was kept in the cache."
+        )
         raise OSError(
             f"Could not download {what} from {url} "
-            f"({type(error).__name__}: {str(error)[:200]}). Nothing was "
-            "kept in the cache. Without internet access, download the file "
-            "on another machine and pass its local path, e.g. "
+            f"({type(error).__name__}: {str(error)[:200]}). {kept} Without "
+            "internet access, download the file on another machine and pass "
+            "its local path, e.g. "
             f"`JumboViT.from_preset('/path/to/{name}')` (or a file:// URL)."
         ) from error
+    if sha256 is not None:
+        digest = _file_digest(part)
+        if digest != sha256:
+            os.remove(part)
+            raise ValueError(
+                f"The download of {what} from {url} has SHA-256 {digest}, "
+                f"not the pinned {sha256}; it was removed."
+            )
+    os.replace(part, target)
+    return target
+
+
+def _fetch(url, part):
+    """Append the missing bytes of `url` to `part` (all of them if the
+    server cannot send a range)."""
+    start = os.path.getsize(part) if os.path.isfile(part) else 0
+    headers = {"User-Agent": "keras_jumbo"}
+    if start and url.startswith(("http://", "https://")):
+        headers["Range"] = f"bytes={start}-"
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        resumed = "Range" in headers and getattr(response, "status", 0) == 206
+        length = response.headers.get("Content-Length")
+        logger.info(
+            "Downloading %s%s", url, f" from byte {start}" if resumed else ""
+        )
+        written = 0
+        with open(part, "ab" if resumed else "wb") as file:
+            for chunk in iter(lambda: response.read(1 << 20), b""):
+                file.write(chunk)
+                written += len(chunk)
+    if length is not None and written < int(length):
+        raise OSError(
+            f"the connection closed after {written} of {length} bytes"
+        )
 
 
 def _convert(path, expected, what, downloaded):

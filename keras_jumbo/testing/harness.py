@@ -120,7 +120,20 @@ def run_layer_test(
     """
     rng = np.random.default_rng(seed)
     call_kwargs = call_kwargs or {}
-    expected_output_shape = tuple(expected_output_shape)
+    # One output shape, or a tuple of them for a layer returning a tuple.
+    multi_output = isinstance(expected_output_shape[0], (tuple, list))
+    if multi_output:
+        expected_output_shape = tuple(tuple(s) for s in expected_output_shape)
+    else:
+        expected_output_shape = tuple(expected_output_shape)
+
+    def shapes(outputs):
+        if multi_output:
+            return tuple(tuple(o.shape) for o in outputs)
+        return tuple(outputs.shape)
+
+    def each(outputs):
+        return list(outputs) if multi_output else [outputs]
 
     layer = layer_cls(**init_kwargs)
     config = layer.get_config()
@@ -148,35 +161,45 @@ def run_layer_test(
 
     symbolic = layer_cls(**init_kwargs)
     out = symbolic(_symbolic(input_shape), **call_kwargs)
-    assert tuple(out.shape) == expected_output_shape, out.shape
-    assert (
-        tuple(symbolic.compute_output_shape(input_shape))
-        == expected_output_shape
-    )
+    assert shapes(out) == expected_output_shape, shapes(out)
+    computed = symbolic.compute_output_shape(input_shape)
+    if multi_output:
+        computed = tuple(tuple(s) for s in computed)
+    assert tuple(computed) == expected_output_shape, computed
 
     x = _random(rng, input_shape)
     eager = layer_cls(**init_kwargs)
     y = eager(x, **call_kwargs)
-    assert tuple(y.shape) == expected_output_shape, y.shape
-    assert np.all(np.isfinite(_numpy(y)))
+    assert shapes(y) == expected_output_shape, shapes(y)
+    for value in each(y):
+        assert np.all(np.isfinite(_numpy(value)))
 
     model = _wrap(layer_cls(**init_kwargs), input_shape, call_kwargs)
     if run_training_check:
         model.compile(optimizer="sgd", loss="mse")
-        target = rng.normal(size=expected_output_shape).astype("float32")
-        batch = expected_output_shape[0]
+        targets = [
+            rng.normal(size=s).astype("float32")
+            for s in (
+                expected_output_shape
+                if multi_output
+                else [expected_output_shape]
+            )
+        ]
+        target = tuple(targets) if multi_output else targets[0]
+        batch = targets[0].shape[0]
         history = model.fit(x, target, batch_size=batch, verbose=0)
         assert np.isfinite(history.history["loss"][-1])
 
     if run_mixed_precision_check:
         mixed = layer_cls(**init_kwargs, dtype="mixed_bfloat16")
-        y_mixed = mixed(x, **call_kwargs)
-        assert keras.backend.standardize_dtype(y_mixed.dtype) == "bfloat16"
-        assert np.all(np.isfinite(_numpy(keras.ops.cast(y_mixed, "float32"))))
+        for value in each(mixed(x, **call_kwargs)):
+            assert keras.backend.standardize_dtype(value.dtype) == "bfloat16"
+            assert np.all(np.isfinite(_numpy(keras.ops.cast(value, "float32"))))
 
     if run_save_check:
         reloaded = _save_and_reload(model)
-        assert_allclose(reloaded(x), model(x), atol=0, rtol=0)
+        for got, want in zip(each(reloaded(x)), each(model(x)), strict=True):
+            assert_allclose(got, want, atol=0, rtol=0)
     return model
 
 

@@ -1,8 +1,10 @@
 """TFLite / ONNX export: files run in LiteRT and onnxruntime, match Keras."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -10,12 +12,15 @@ import pytest
 from keras_jumbo.convert import export_onnx
 from keras_jumbo.convert import export_tflite
 from keras_jumbo.convert import reparameterize
+from keras_jumbo.convert import run_tflite
 from keras_jumbo.convert import set_join_lambda
 from keras_jumbo.models import JumboViT
 from keras_jumbo.models import MSPatchTST
 from keras_jumbo.models import NonDeepViT
 from keras_jumbo.models import PatchTSTClassifier
 from keras_jumbo.models import ViTRes
+from keras_jumbo.models import with_image_size
+from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 
 TINY = dict(
@@ -51,6 +56,22 @@ def test_reparameterized_non_deep_vit_exports_exactly(plain_model, tmp_path):
     assert report["argmax_agreement"] == 1.0
     report = export_onnx(plain_model, tmp_path / "plain.onnx")
     assert report["max_abs_diff"] <= 1e-4
+
+
+def test_resized_model_exports_and_runs_in_litert(jumbo_model, tmp_path):
+    """Train at one size, deploy at another: the resized model carries its
+    resampled position table as a plain weight, so the graph has no
+    resampling op and exports with TFLite builtins."""
+    resized = with_image_size(jumbo_model, 24)
+    path = tmp_path / "resized.tflite"
+    report = export_tflite(resized, path)
+    assert report["max_abs_diff"] <= 1e-4
+    x = np.random.default_rng(3).normal(size=(3, 24, 24, 3))  # float64
+    got = run_tflite(path, x)  # cast to the model's float32 input
+    assert_allclose(got, resized(x.astype("float32")), atol=1e-4)
+    assert export_onnx(resized, tmp_path / "r.onnx")["max_abs_diff"] <= 1e-4
+    with pytest.raises(TypeError, match="float32 input.*int64"):
+        run_tflite(path, np.zeros((1, 24, 24, 3), "int64"))
 
 
 def test_jumbo_vit_exports_exactly(jumbo_model, jumbo_tflite, tmp_path):
@@ -119,6 +140,96 @@ def test_export_errors(jumbo_model, tmp_path):
         export_tflite(jumbo_model, tmp_path / "x.onnx")
     with pytest.raises(ValueError, match="onnx"):
         export_onnx(jumbo_model, tmp_path / "x.tflite")
+    # Refused before the (seconds long) conversion starts.
+    with pytest.raises(TypeError, match="model=42"):
+        export_tflite(42, tmp_path / "x.tflite")
+    with pytest.raises(FileNotFoundError, match="missing.keras"):
+        export_tflite(str(tmp_path / "missing.keras"), tmp_path / "x.tflite")
+    with pytest.raises(TypeError, match="path=None"):
+        export_tflite(jumbo_model, None)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="output directory"):
+        export_tflite(jumbo_model, blocker / "x.tflite")
+    with pytest.raises(ValueError, match="batch_size=0"):
+        export_onnx(jumbo_model, tmp_path / "x.onnx", batch_size=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_failed_export_says_why_first_and_keeps_the_old_file(tmp_path):
+    import keras
+
+    # Antialiased resizing lowers to ScaleAndTranslate: no TFLite builtin.
+    inputs = keras.Input((16, 16, 3))
+    x = keras.layers.Resizing(8, 8, antialias=True)(inputs)
+    model = keras.Model(inputs, keras.layers.Flatten()(x))
+    out = tmp_path / "m.tflite"
+    out.write_bytes(b"an earlier export")
+    with pytest.raises(RuntimeError) as caught:
+        export_tflite(model, out)
+    first = str(caught.value).splitlines()[0]
+    assert first.startswith(f"tflite export of {out} failed: ")
+    assert "ScaleAndTranslate" in first, first
+    assert out.read_bytes() == b"an earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tflite"]
+
+
+def _worker_pids(marker):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().decode(errors="ignore")
+        except OSError:
+            continue
+        if "_export_worker" in command and marker in command:
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.once
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="Linux parent-death signal"
+)
+def test_killed_parent_leaves_no_worker_and_no_temporary_files(
+    jumbo_model, tmp_path
+):
+    saved = tmp_path / "model.keras"
+    jumbo_model.save(saved)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "out" / "killed.tflite"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from keras_jumbo.convert import export_tflite; "
+            "export_tflite(sys.argv[1], sys.argv[2])",
+            str(saved),
+            str(out),
+        ],
+        env=dict(os.environ, TMPDIR=str(scratch)),
+    )
+    try:
+        deadline = time.time() + 120
+        while not _worker_pids(str(out.parent)) and time.time() < deadline:
+            assert parent.poll() is None, "the export ended before the test"
+            time.sleep(0.2)
+        assert _worker_pids(str(out.parent)), "no export worker started"
+        time.sleep(2.0)  # the worker is importing TensorFlow / converting
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 120
+        while _worker_pids(str(out.parent)) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not _worker_pids(str(out.parent)), "worker still running"
+        assert list(scratch.iterdir()) == []
+        assert not out.parent.exists() or list(out.parent.iterdir()) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
 
 
 def test_command_line_reparameterizes_and_exports(tmp_path):

@@ -26,11 +26,13 @@ def _model(config, **kwargs):
 def test_fixture_config_matches_our_size_table(official):
     *_, config = official
     model = _model(config)
-    encoder = model.get_layer("encoder")
-    assert encoder.depth == config["depth"]
-    assert encoder.num_heads == config["num_heads"]
-    assert encoder.jumbo_multiplier == config["J"]
-    assert model.get_layer("final_norm").gamma.shape[0] == config["embed_dim"]
+    assert model.depth == model.encoder.depth == config["depth"]
+    assert model.num_heads == config["num_heads"]
+    assert model.jumbo_multiplier == config["J"]
+    for block in model.encoder.blocks:
+        assert block.num_heads == config["num_heads"]
+        assert block.jumbo_multiplier == config["J"]
+    assert model.final_norm.gamma.shape[0] == config["embed_dim"]
 
 
 def test_ported_weights_reproduce_official_logits(official):

@@ -94,6 +94,9 @@ def test_lambda_below_one_raises_unless_forced():
         reparameterize(model, force=True, pad_values="maybe")
     with pytest.raises(ValueError, match="λ"):
         set_join_lambda(model, 2.0)
+    # No branches, no λ: refused instead of silently doing nothing.
+    with pytest.raises(ValueError, match="no ProgressiveJoin.*ViT"):
+        set_join_lambda(ViT("pico", depth=1, **TINY), 1.0)
     with pytest.raises(ValueError, match="num_branches"):
         NonDeepViT(2, 0, **TINY)
 

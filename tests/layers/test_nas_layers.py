@@ -7,9 +7,10 @@ import pytest
 
 from keras_jumbo.layers import MLP
 from keras_jumbo.layers import MaskedLayerNorm
+from keras_jumbo.layers import MaskedViTBlock
 from keras_jumbo.layers import MultiHeadSelfAttention
 from keras_jumbo.layers import ResidualSpatialReduction
-from keras_jumbo.layers import TransformerBlock
+from keras_jumbo.layers import ViTBlock
 from keras_jumbo.nas import slice_layer_weights
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
@@ -112,16 +113,12 @@ def test_mlp_hidden_mask_equals_narrower_mlp(rng):
     )
 
 
-def masked_block_kwargs():
-    return dict(head_dim=4, normalization="masked_layer_norm")
-
-
 @pytest.mark.parametrize(
     "width,heads,hidden", [(12, 3, 24), (8, 2, 10), (6, 1, 7)]
 )
 def test_masked_block_equals_sliced_standalone_block(width, heads, hidden, rng):
-    big = TransformerBlock(3, 24, **masked_block_kwargs())
-    small = TransformerBlock(heads, hidden, **masked_block_kwargs())
+    big = MaskedViTBlock(3, 24, head_dim=4)
+    small = ViTBlock(heads, hidden, head_dim=4)
     x = rng.normal(size=(2, 5, 12)).astype("float32")
     big.build(x.shape)
     small.build((2, 5, width))
@@ -142,7 +139,7 @@ def test_masked_block_equals_sliced_standalone_block(width, heads, hidden, rng):
 
 
 def test_masked_block_per_example_masks_and_skipping(rng):
-    block = TransformerBlock(3, 24, **masked_block_kwargs())
+    block = MaskedViTBlock(3, 24, head_dim=4)
     x = rng.normal(size=(3, 5, 12)).astype("float32")
     block.build(x.shape)
     randomize_weights(block)
@@ -160,7 +157,7 @@ def test_masked_block_per_example_masks_and_skipping(rng):
     )
     assert_allclose(y[2], x[2], atol=0)  # skipped block: identity
     for b, (width, heads, hidden) in enumerate([(12, 3, 24), (8, 2, 10)]):
-        small = TransformerBlock(heads, hidden, **masked_block_kwargs())
+        small = ViTBlock(heads, hidden, head_dim=4)
         small.build((1, 5, width))
         slice_layer_weights(block, small)
         assert_allclose(
@@ -168,17 +165,35 @@ def test_masked_block_per_example_masks_and_skipping(rng):
         )
 
 
-def test_masks_need_masked_layer_norm():
-    block = TransformerBlock(2, 8)
-    with pytest.raises(ValueError, match="masked_layer_norm"):
-        block(np.zeros((1, 3, 4)), embed_mask=np.ones((1, 1, 4)))
+def test_masked_block_layer_checks():
+    run_layer_test(
+        MaskedViTBlock,
+        {"num_heads": 2, "mlp_dim": 16, "head_dim": 3, "drop_path_rate": 0.1},
+        input_shape=(2, 5, 8),
+        expected_output_shape=(2, 5, 8),
+        expected_num_trainable_weights=12,
+    )
+
+
+def test_masked_block_without_masks_is_the_vit_block(rng):
+    masked = MaskedViTBlock(2, 16, layer_scale_init_value=0.5)
+    plain = ViTBlock(2, 16, layer_scale_init_value=0.5)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    masked(x)
+    plain(x)
+    randomize_weights(masked)
+    plain.set_weights(masked.get_weights())
+    assert_allclose(masked(x), plain(x), atol=1e-5)
+    # A skipped block (layer mask 0) is the identity.
+    skip = np.zeros((2, 1, 1), "float32")
+    assert_allclose(masked(x, layer_mask=skip), x, atol=0)
 
 
 def test_block_head_dim_decouples_width():
-    block = TransformerBlock(3, 8, head_dim=5)
+    block = ViTBlock(3, 8, head_dim=5)
     assert block(np.zeros((1, 4, 7))).shape == (1, 4, 7)
     with pytest.raises(ValueError, match="num_heads"):
-        TransformerBlock(3, 8).build((1, 4, 7))
+        ViTBlock(3, 8).build((1, 4, 7))
 
 
 def test_residual_spatial_reduction_layer_checks():

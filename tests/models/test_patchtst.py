@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from keras_jumbo import models
-from keras_jumbo.layers import TransformerBlock
+from keras_jumbo.layers import JumboBlock
+from keras_jumbo.layers import PatchTSTEncoderBlock
 from keras_jumbo.layers import TransformerEncoder
+from keras_jumbo.layers import ViTBlock
 from keras_jumbo.models import count_macs
 from keras_jumbo.models import registers_matching_jumbo_flops
 from keras_jumbo.models.macs import layer_macs
@@ -31,7 +33,7 @@ def series(batch=3, length=48, channels=2, seed=0):
         ("patchtst_jumbo", {"jumbo_multiplier": 2}),
         ("patchtst", {"num_patches": None, "patch_length": 8, "stride": 4}),
         (
-            "patchtst_jumbo",
+            "patchtst",
             {
                 "normalization": "batch_norm",
                 "norm_first": False,
@@ -51,6 +53,26 @@ def test_classifiers_pass_model_checks(name, kwargs):
     )
     run_model_test(model, series())
     assert model.output.shape == (None, 3)
+
+
+def test_classifier_blocks_follow_the_config():
+    def blocks(**kwargs):
+        model = models.PatchTSTClassifier(3, 48, 2, **TINY, **kwargs)
+        encoder = next(
+            layer for layer in model.layers if layer.name == "encoder"
+        )
+        return {type(block).__name__ for block in encoder.blocks}
+
+    assert blocks() == {"ViTBlock"}
+    assert blocks(jumbo_multiplier=2) == {"JumboBlock"}
+    assert blocks(normalization="batch_norm") == {"PatchTSTEncoderBlock"}
+    assert blocks(residual_attention=True) == {"PatchTSTEncoderBlock"}
+    with pytest.raises(ValueError, match="Jumbo token runs in ViT blocks"):
+        models.PatchTSTClassifier(
+            3, 48, 2, jumbo_multiplier=2, norm_first=False, **TINY
+        )
+    with pytest.raises(ValueError, match="normalization"):
+        models.PatchTSTClassifier(3, 48, 2, normalization="group", **TINY)
 
 
 @pytest.mark.parametrize(
@@ -92,12 +114,10 @@ def test_registered_time_series_names():
 
 def block_macs(tokens, width, jumbo=0):
     """Per-layer MACs of the library's own block (FFN hidden 2D)."""
-    block = TransformerBlock(
-        1,
-        2 * width,
-        jumbo_multiplier=jumbo,
-        jumbo_mlp_dim=2 * jumbo * width if jumbo else None,
-    )
+    if jumbo:
+        block = JumboBlock(1, 2 * width, jumbo, jumbo_mlp_dim=2 * jumbo * width)
+    else:
+        block = ViTBlock(1, 2 * width)
     block.build((1, tokens, width))
     return layer_macs(block, [(1, tokens, width)], (1, tokens, width))
 
@@ -208,13 +228,7 @@ def official_encoder_reference(x, encoder):
 
 def test_official_patchtst_encoder_is_reproduced(rng):
     encoder = TransformerEncoder(
-        3,
-        2,
-        24,
-        normalization="batch_norm",
-        norm_first=False,
-        residual_attention=True,
-        layer_norm_epsilon=1e-5,
+        [PatchTSTEncoderBlock(2, 24, name=f"block_{i}") for i in range(3)]
     )
     x = rng.normal(size=(4, 7, 8)).astype("float32")
     encoder(x)
@@ -308,10 +322,10 @@ def test_bad_arguments_raise_naming_the_argument(builder, kwargs, match):
 
 def test_channel_count_mismatch_at_call_time():
     model = models.PatchTSTForecaster(48, 12, 2, patch_length=8, stride=4)
-    with pytest.raises(ValueError, match=r"series.*expected shape.*48, 2"):
+    with pytest.raises(ValueError, match=r"\(None, 48, 2\).*\(1, 48, 3\)"):
         model(np.zeros((1, 48, 3), "float32"))
     classifier = models.PatchTSTClassifier(3, 48, 2, **TINY)
-    with pytest.raises(ValueError, match=r"48 with 2 channels.*\(1, 48, 1\)"):
+    with pytest.raises(ValueError, match=r"\(None, 48, 2\).*\(1, 48, 1\)"):
         classifier(np.zeros((1, 48, 1), "float32"))
 
 

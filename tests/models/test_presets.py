@@ -3,13 +3,15 @@
 The official weights cannot be downloaded here (no network), so the tests
 serve checkpoints written by the test (the official-model fixture, and a
 224 px / 1000-class checkpoint made from it) through `file://` URLs: the
-same `keras.utils.get_file` download, strict conversion, converted cache and
+same download, strict conversion, converted cache and
 second load without the converter that a user's first call goes through.
 """
 
 import hashlib
+import http.server
 import logging
 import os
+import threading
 
 import keras
 import numpy as np
@@ -115,6 +117,100 @@ def test_file_url_preset_reproduces_official_logits_then_loads_from_cache(
     monkeypatch.setattr(official_jumbo, "read_state_dict", no_conversion)
     again = JumboViT.from_preset("test_pico_64px", cache_dir=cache)
     assert_allclose(again(images), logits, atol=1e-4, rtol=0)
+
+
+class _RangeHandler(http.server.BaseHTTPRequestHandler):
+    """Serves `payload`, honouring `Range: bytes=N-`; the first response
+    stops after `cut` bytes (a dropped connection)."""
+
+    payload = b""
+    cut = None
+    ranges = []
+
+    def do_GET(self):
+        requested = self.headers.get("Range")
+        type(self).ranges.append(requested)
+        start = int(requested.split("=")[1].split("-")[0]) if requested else 0
+        body = self.payload[start:]
+        self.send_response(206 if requested else 200)
+        self.send_header("Content-Length", str(len(body)))
+        if requested:
+            self.send_header(
+                "Content-Range",
+                f"bytes {start}-{len(self.payload) - 1}/{len(self.payload)}",
+            )
+        self.end_headers()
+        if self.cut is not None:
+            self.wfile.write(body[: self.cut])
+            type(self).cut = None
+            return
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_interrupted_download_resumes(official, tmp_path, monkeypatch):
+    state, images, logits, config = official
+    source = write_pth(state, tmp_path / "jumbo_pico.pth")
+    payload = open(source, "rb").read()
+    handler = type(
+        "Handler",
+        (_RangeHandler,),
+        {"payload": payload, "cut": len(payload) // 3, "ranges": []},
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/jumbo_pico.pth"
+        monkeypatch.setitem(
+            loader.PRESETS,
+            "test_pico_http",
+            {
+                "class_name": "JumboViT",
+                "config": {
+                    "size": "pico",
+                    "num_classes": config["num_classes"],
+                    "image_size": config["img_size"],
+                },
+                "url": url,
+                "sha256": sha256(source),
+            },
+        )
+        cache = tmp_path / "cache"
+        part = cache / "keras_jumbo" / "jumbo_pico.pth.part"
+        with pytest.raises(OSError, match="resumes"):
+            JumboViT.from_preset("test_pico_http", cache_dir=cache)
+        assert os.path.getsize(part) == len(payload) // 3
+        assert not os.path.exists(cache / "keras_jumbo" / "jumbo_pico.pth")
+
+        model = JumboViT.from_preset("test_pico_http", cache_dir=cache)
+        assert handler.ranges == [None, f"bytes={len(payload) // 3}-"]
+        assert not os.path.exists(part)
+        assert sha256(cache / "keras_jumbo" / "jumbo_pico.pth") == sha256(
+            source
+        )
+        assert_allclose(model(images), logits, atol=1e-4, rtol=0)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pinned_sha256_mismatch_is_refused(official, tmp_path, monkeypatch):
+    state, *_ = official
+    source = write_pth(state, tmp_path / "jumbo_pico.pth")
+    info = dict(
+        loader.PRESETS["jumbo_pico_imagenet1k"],
+        url="file://" + source,
+        sha256="0" * 64,
+    )
+    monkeypatch.setitem(loader.PRESETS, "jumbo_pico_imagenet1k", info)
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="not the pinned 0000"):
+        JumboViT.from_preset("jumbo_pico_imagenet1k", cache_dir=cache)
+    files = [f for _, _, names in os.walk(cache) for f in names]
+    assert files == []
 
 
 def test_named_preset_with_new_head_keeps_the_backbone(

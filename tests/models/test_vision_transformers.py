@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from keras_jumbo import models
+from keras_jumbo.layers import JumboBlock
 from keras_jumbo.layers import TransformerEncoder
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
@@ -232,6 +233,7 @@ def test_nano_builds_with_defaults():
     model = models.JumboViT("nano", num_classes=1000)
     encoder = model.encoder
     assert isinstance(encoder, TransformerEncoder)
-    assert encoder.jumbo_multiplier == 6
-    assert encoder.jumbo_mlp_dim == 4 * 6 * 128
+    assert all(isinstance(b, JumboBlock) for b in encoder.blocks)
+    assert encoder.blocks[0].jumbo_multiplier == 6
+    assert encoder.blocks[0].jumbo_mlp_dim == 4 * 6 * 128
     assert tuple(model.input.shape) == (None, 224, 224, 3)

@@ -1,0 +1,296 @@
+"""The encoder blocks (ViTBlock, JumboBlock, PatchTSTEncoderBlock) and the
+TransformerEncoder, against numpy references of the papers' formulas."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_jumbo.layers import MLP
+from keras_jumbo.layers import JumboBlock
+from keras_jumbo.layers import PatchTSTEncoderBlock
+from keras_jumbo.layers import TransformerEncoder
+from keras_jumbo.layers import ViTBlock
+from keras_jumbo.testing import assert_allclose
+from keras_jumbo.testing import randomize_weights
+from keras_jumbo.testing import run_layer_test
+from tests.layers import reference
+
+
+def reference_plain_block(x, block):
+    x = x + reference.attention(reference.norm(x, block.norm1), block.attention)
+    return x + reference.mlp(reference.norm(x, block.norm2), block.mlp)
+
+
+def reference_jumbo_block(x, block, shared_mlp=None):
+    """Jumbo paper §3.2 written out with numpy."""
+    j = block.jumbo_multiplier
+    b, n, d = x.shape
+    x = x + reference.attention(reference.norm(x, block.norm1), block.attention)
+    jumbo = x[:, :j].reshape(b, j * d)  # concatenate the J split tokens
+    if block.use_jumbo_mlp:
+        hidden = reference.norm(jumbo, block.norm3)
+        mlp = shared_mlp if block.share_jumbo_mlp else block.jumbo_mlp
+        branch = reference.mlp(hidden, mlp)
+        if block.jumbo_lora_rank:
+            branch = branch + reference.dense(
+                reference.dense(hidden, block.jumbo_lora_down),
+                block.jumbo_lora_up,
+            )
+        jumbo = jumbo + branch
+    patches = x[:, j:]
+    if block.use_patch_mlp:
+        patches = patches + reference.mlp(
+            reference.norm(patches, block.norm2), block.mlp
+        )
+    return np.concatenate([jumbo.reshape(b, j, d), patches], axis=1)
+
+
+def test_vit_block_layer_checks():
+    for kwargs, num_weights in (
+        ({}, 12),
+        ({"layer_scale_init_value": 0.1}, 14),
+    ):
+        run_layer_test(
+            ViTBlock,
+            {"num_heads": 2, "mlp_dim": 16, "drop_path_rate": 0.1, **kwargs},
+            input_shape=(2, 6, 8),
+            expected_output_shape=(2, 6, 8),
+            expected_num_trainable_weights=num_weights,
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs,num_weights",
+    [
+        ({}, 18),
+        ({"use_patch_mlp": False}, 12),
+        ({"use_jumbo_mlp": False, "jumbo_mlp_dim": None}, 12),
+        ({"layer_scale_init_value": 0.1}, 21),
+    ],
+)
+def test_jumbo_block_layer_checks(kwargs, num_weights):
+    run_layer_test(
+        JumboBlock,
+        {
+            "num_heads": 2,
+            "mlp_dim": 16,
+            "jumbo_multiplier": 2,
+            "jumbo_mlp_dim": 24,
+            "drop_path_rate": 0.1,
+            **kwargs,
+        },
+        input_shape=(2, 6, 8),
+        expected_output_shape=(2, 6, 8),
+        expected_num_trainable_weights=num_weights,
+    )
+
+
+def test_patchtst_block_layer_checks():
+    run_layer_test(
+        PatchTSTEncoderBlock,
+        {"num_heads": 2, "mlp_dim": 16, "drop_path_rate": 0.1},
+        input_shape=(2, 6, 8),
+        expected_output_shape=((2, 6, 8), (2, 2, 6, 6)),
+        # attention 4, FFN 4, two BatchNorms 2 + 2 (and 4 moving stats)
+        expected_num_trainable_weights=12,
+        expected_num_non_trainable_weights=4,
+    )
+
+
+def test_every_block_attribute_is_present():
+    """One set of attributes per class, None where an option leaves a part
+    out, never missing."""
+    x = np.zeros((1, 4, 8), "float32")
+    vit = ViTBlock(2, 8)
+    vit(x)
+    for name in (
+        "norm1",
+        "attention",
+        "layer_scale1",
+        "drop_path1",
+        "norm2",
+        "mlp",
+        "layer_scale2",
+        "drop_path2",
+    ):
+        assert hasattr(vit, name), name
+    jumbo_names = (
+        "norm3",
+        "jumbo_mlp",
+        "jumbo_lora_down",
+        "jumbo_lora_up",
+        "layer_scale3",
+        "drop_path3",
+        "norm2",
+        "mlp",
+    )
+    for kwargs in (
+        {"jumbo_mlp_dim": 8},
+        {"jumbo_mlp_dim": 8, "use_patch_mlp": False},
+        {"use_jumbo_mlp": False},
+    ):
+        block = JumboBlock(2, 8, 2, **kwargs)
+        block(x)
+        for name in jumbo_names:
+            assert hasattr(block, name), (kwargs, name)
+    assert block.norm3 is None and block.jumbo_mlp is None
+
+
+def test_plain_block_matches_reference(rng):
+    block = ViTBlock(num_heads=2, mlp_dim=16)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    block(x)
+    randomize_weights(block)
+    assert_allclose(block(x), reference_plain_block(x, block), atol=1e-4)
+
+
+@pytest.mark.parametrize("use_patch_mlp", [True, False])
+def test_jumbo_block_matches_reference(rng, use_patch_mlp):
+    block = JumboBlock(
+        num_heads=2,
+        mlp_dim=16,
+        jumbo_multiplier=3,
+        jumbo_mlp_dim=40,
+        use_patch_mlp=use_patch_mlp,
+    )
+    x = rng.normal(size=(2, 3 + 5, 8)).astype("float32")
+    block(x)
+    randomize_weights(block)
+    assert_allclose(block(x), reference_jumbo_block(x, block), atol=1e-4)
+
+
+def test_jumbo_block_j1_equals_plain_block_with_cls_token(rng):
+    """J=1, Jumbo FFN := patch FFN  ==  plain block with a CLS token."""
+    d, hidden = 8, 24
+    jumbo = JumboBlock(
+        num_heads=2, mlp_dim=hidden, jumbo_multiplier=1, jumbo_mlp_dim=hidden
+    )
+    plain = ViTBlock(num_heads=2, mlp_dim=hidden)
+    x = rng.normal(size=(3, 1 + 6, d)).astype("float32")
+    jumbo(x)
+    plain(x)
+    randomize_weights(plain, seed=3)
+    jumbo.norm1.set_weights(plain.norm1.get_weights())
+    jumbo.attention.set_weights(plain.attention.get_weights())
+    jumbo.norm2.set_weights(plain.norm2.get_weights())
+    jumbo.mlp.set_weights(plain.mlp.get_weights())
+    jumbo.norm3.set_weights(plain.norm2.get_weights())
+    jumbo.jumbo_mlp.set_weights(plain.mlp.get_weights())
+    assert_allclose(jumbo(x), plain(x), atol=1e-5)
+
+
+def shared_lora_encoder(depth=2, last_block_patch_mlp=True):
+    blocks = [
+        JumboBlock(
+            2,
+            16,
+            2,
+            share_jumbo_mlp=True,
+            jumbo_lora_rank=3,
+            use_patch_mlp=last_block_patch_mlp or i < depth - 1,
+            drop_path_rate=0.1 * i,
+            name=f"block_{i}",
+        )
+        for i in range(depth)
+    ]
+    return TransformerEncoder(
+        blocks, shared_jumbo_mlp=MLP(20, name="shared_jumbo_mlp")
+    )
+
+
+def test_shared_jumbo_mlp_with_lora_matches_reference(rng):
+    encoder = shared_lora_encoder()
+    x = rng.normal(size=(2, 2 + 4, 8)).astype("float32")
+    encoder(x)
+    randomize_weights(encoder)
+    expected = x.astype("float64")
+    for block in encoder.blocks:
+        expected = reference_jumbo_block(
+            expected, block, shared_mlp=encoder.shared_jumbo_mlp
+        )
+    assert_allclose(encoder(x), expected, atol=1e-4)
+    # One Jumbo FFN for all blocks: 4 weights, not 4 per block.
+    names = [w.path for w in encoder.weights if "jumbo_mlp" in w.path]
+    assert len(names) == 4, names
+    assert all(block.jumbo_mlp is None for block in encoder.blocks)
+
+
+def test_encoder_layer_checks():
+    # Round trips through get_config/from_config (blocks and shared FFN
+    # serialised), saving and every backend's harness.
+    config = shared_lora_encoder(last_block_patch_mlp=False).get_config()
+    run_layer_test(
+        TransformerEncoder,
+        {key: config[key] for key in ("blocks", "shared_jumbo_mlp")},
+        input_shape=(2, 6, 8),
+        # per block: norm1, attn (4), norm3 (2), lora (2) = 10, norm2 and
+        # mlp (6) only in block 0; shared Jumbo FFN 4.
+        expected_output_shape=(2, 6, 8),
+        expected_num_trainable_weights=2 * 10 + 6 + 4,
+        # The blocks keep their own dtype policy (as keras wrappers do);
+        # each block passes the mixed-precision check on its own.
+        run_mixed_precision_check=False,
+    )
+
+
+def test_encoder_of_plain_blocks_is_the_blocks_in_order(rng):
+    blocks = [ViTBlock(2, 16, name=f"block_{i}") for i in range(3)]
+    encoder = TransformerEncoder(blocks)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    encoder(x)
+    randomize_weights(encoder)
+    expected = x.astype("float64")
+    for block in blocks:
+        expected = reference_plain_block(expected, block)
+    assert_allclose(encoder(x), expected, atol=1e-4)
+    assert encoder.depth == 3
+
+
+def test_drop_path_changes_training_output_only(rng):
+    block = ViTBlock(num_heads=2, mlp_dim=8, drop_path_rate=0.5)
+    x = rng.normal(size=(64, 3, 8)).astype("float32")
+    block(x)
+    randomize_weights(block)
+    assert_allclose(block(x), reference_plain_block(x, block), atol=1e-4)
+    trained = keras.ops.convert_to_numpy(block(x, training=True))
+    assert not np.allclose(trained, reference_plain_block(x, block), atol=1e-3)
+
+
+def test_block_errors():
+    with pytest.raises(ValueError, match="num_heads"):
+        ViTBlock(num_heads=3, mlp_dim=8).build((1, 4, 8))
+    with pytest.raises(ValueError, match="jumbo_multiplier"):
+        JumboBlock(2, 8, jumbo_multiplier=0, jumbo_mlp_dim=8)
+    with pytest.raises(ValueError, match="jumbo_mlp_dim"):
+        JumboBlock(2, 8, jumbo_multiplier=2)
+    with pytest.raises(ValueError, match="drop_path_rate"):
+        ViTBlock(2, 8, drop_path_rate=1.0)
+    with pytest.raises(ValueError, match="dropout_rate"):
+        JumboBlock(2, 8, 2, jumbo_mlp_dim=8, dropout_rate=-0.1)
+    with pytest.raises(ValueError, match="layer_norm_epsilon=-1"):
+        ViTBlock(2, 8, layer_norm_epsilon=-1)
+    with pytest.raises(TypeError, match="qkv_bias"):
+        ViTBlock(2, 8, qkv_bias="yes")
+    with pytest.raises(ValueError, match="share_jumbo_mlp"):
+        JumboBlock(2, 8, jumbo_multiplier=2, jumbo_mlp_dim=8, jumbo_lora_rank=2)
+    with pytest.raises(ValueError, match="at least"):
+        JumboBlock(2, 8, jumbo_multiplier=4, jumbo_mlp_dim=8).build((1, 3, 8))
+    shared = JumboBlock(2, 8, jumbo_multiplier=1, share_jumbo_mlp=True)
+    with pytest.raises(ValueError, match="shared_jumbo_mlp"):
+        shared(np.zeros((1, 3, 8), "float32"))
+    with pytest.raises(ValueError, match="normalization"):
+        PatchTSTEncoderBlock(2, 8, normalization="masked_layer_norm")
+    single = PatchTSTEncoderBlock(2, 8, residual_attention=False)
+    with pytest.raises(ValueError, match="attention_scores"):
+        single(np.zeros((1, 3, 8)), attention_scores=np.zeros((1, 2, 3, 3)))
+
+
+def test_encoder_errors():
+    with pytest.raises(TypeError, match="blocks"):
+        TransformerEncoder([])
+    with pytest.raises(TypeError, match="Dense"):
+        TransformerEncoder([keras.layers.Dense(8)])
+    with pytest.raises(ValueError, match="shared_jumbo_mlp=None"):
+        TransformerEncoder([JumboBlock(2, 8, 1, share_jumbo_mlp=True)])
+    with pytest.raises(ValueError, match="never be used"):
+        TransformerEncoder([ViTBlock(2, 8)], shared_jumbo_mlp=MLP(8))
