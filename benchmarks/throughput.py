@@ -56,6 +56,7 @@ CPU_MODELS = (
     "vit_tiny",
     "non_deep_vit_6x2",
     "non_deep_vit_6x2:plain",
+    "non_deep_vit_6x2:deep",
     "non_deep_vit_4x3",
     "non_deep_vit_4x3:plain",
     "vit_res_tiny",
@@ -171,11 +172,22 @@ def image_size_for(name, image_size):
 
 def _build(name, image_size, num_classes):
     """A registry model; `name:plain` is a Non-Deep ViT reparameterised
-    into the plain shallow ViT it collapses to (what is deployed)."""
+    into the plain shallow ViT it collapses to (what is deployed);
+    `name:deep` the L-layer one-branch model of the same MACs (6x2 -> 12
+    layers, same heads and widths: the deep model the branchy one should
+    cost as much as)."""
     base, _, variant = name.partition(":")
     model = models.create_model(
         base, num_classes=num_classes, image_size=image_size
     )
+    if variant == "deep":
+        config = model.get_config()
+        return models.NonDeepViT(
+            config["depth"] * config["num_branches"],
+            1,
+            num_classes=num_classes,
+            image_size=image_size,
+        )
     if variant == "plain":
         from keras_jumbo import convert
 
@@ -318,7 +330,8 @@ def main(argv=None):
         "--models",
         nargs="+",
         default=["all"],
-        help="registry names (name:plain = reparameterised Non-Deep ViT), "
+        help="registry names (name:plain = reparameterised Non-Deep ViT, "
+        "name:deep = its L-layer one-branch model of the same MACs), "
         "'all' (every registered model, the default) or 'cpu' (a subset)",
     )
     parser.add_argument("--batch", type=int, default=512)
@@ -399,6 +412,22 @@ def main(argv=None):
             "PatchTST+Jumbo / +Registers inference throughput: "
             f"{jumbo['infer_img_s'] / registers['infer_img_s']:.2f} "
             "(R from Proposition 1 matches the per-layer FLOPs)"
+        )
+    branchy, deep = (
+        by_name.get("non_deep_vit_6x2"),
+        by_name.get("non_deep_vit_6x2:deep"),
+    )
+    if branchy and deep:
+        line = (
+            "NonDeepViT-6x2 / 12-layer one-branch time (same MACs): "
+            f"inference {deep['infer_img_s'] / branchy['infer_img_s']:.2f}"
+        )
+        if branchy.get("train_img_s") and deep.get("train_img_s"):
+            line += (
+                f", training {deep['train_img_s'] / branchy['train_img_s']:.2f}"
+            )
+        print(
+            line + " (the paper's premise: 1.0; issue #15 goal <= 1.2 / 1.15)"
         )
     for size in models.VIT_SIZES:
         jumbo = by_name.get(f"jumbo_vit_{size}")

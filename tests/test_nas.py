@@ -157,6 +157,20 @@ def test_multi_architecture_batches():
         )
 
 
+def test_search_space_names_a_flat_argument():
+    kwargs = dict(
+        embed_dims=((16,), (24,)),
+        head_dims=(4, 4),
+        num_heads=((2,), (2,)),
+        mlp_dims=((8,), (8,)),
+        skippable=((False,), (False,)),
+    )
+    with pytest.raises(TypeError, match="embed_dims=16"):
+        nas.SearchSpace(**{**kwargs, "embed_dims": (16, 24)})
+    with pytest.raises(TypeError, match="skippable"):
+        nas.SearchSpace(**{**kwargs, "skippable": (False, False)})
+
+
 def test_codes_outside_the_space_and_bad_evaluation_data(supernet):
     space = tiny_space()
     x = images(2)

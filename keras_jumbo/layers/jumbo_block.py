@@ -177,26 +177,14 @@ class JumboBlock(ViTBlock):
         )
 
     def call(self, inputs, training=None, shared_jumbo_mlp=None):
-        x = self._add(
-            inputs,
-            self.attention(self.norm1(inputs), training=training),
-            self.layer_scale1,
-            self.drop_path1,
-            training,
-        )
+        x = self.attention_branch(inputs, training)
         num_jumbo = self.jumbo_multiplier
         jumbo = jumbo_merge(x[:, :num_jumbo])
         if self.use_jumbo_mlp:
             jumbo = self._jumbo_ffn(jumbo, training, shared_jumbo_mlp)
         patches = x[:, num_jumbo:]
         if self.use_patch_mlp:
-            patches = self._add(
-                patches,
-                self.mlp(self.norm2(patches), training=training),
-                self.layer_scale2,
-                self.drop_path2,
-                training,
-            )
+            patches = self.mlp_branch(patches, training)
         return ops.concatenate([jumbo_split(jumbo, num_jumbo), patches], axis=1)
 
     def get_config(self):

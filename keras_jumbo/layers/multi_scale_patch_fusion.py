@@ -3,6 +3,8 @@ from keras import ops
 
 from keras_jumbo.layers._utils import check_choice
 
+FUSION_MODES = ("per_step", "per_horizon_step", "flatten")
+
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class MultiScalePatchFusion(keras.layers.Layer):
@@ -17,6 +19,13 @@ class MultiScalePatchFusion(keras.layers.Layer):
       applied at every forecast step and channel:
       `x̂[t, c] = Σ_j w_j x̂_j[t, c] + b` (k + 1 weights, initialised to
       the plain average 1/k, bias 0).
+    - `mode="per_horizon_step"`: k weights and a bias for each of the T
+      forecast steps, shared by the channels:
+      `x̂[t, c] = Σ_j w[t, j] x̂_j[t, c] + b[t]` (T·(k + 1) weights,
+      initialised to the average). This is what the paragraph after eq. 3
+      describes: "higher weights to the respective scale's output for
+      different parts of the forecast horizon", which one k -> 1 map shared
+      by all steps cannot learn.
     - `mode="flatten"` (the author's code): the k forecasts of a channel are
       concatenated to length k·T and one k·T -> T linear map, shared by all
       channels, gives the fused forecast (k·T·T + T weights). It can mix
@@ -28,7 +37,7 @@ class MultiScalePatchFusion(keras.layers.Layer):
     scales.
 
     Args:
-        mode: `"per_step"` or `"flatten"`.
+        mode: `"per_step"`, `"per_horizon_step"` or `"flatten"`.
         kernel_initializer: initializer of the `"flatten"` kernel.
         **kwargs: base `keras.layers.Layer` arguments.
 
@@ -48,7 +57,7 @@ class MultiScalePatchFusion(keras.layers.Layer):
         self, mode="per_step", kernel_initializer="glorot_uniform", **kwargs
     ):
         super().__init__(**kwargs)
-        self.mode = check_choice("mode", mode, {"per_step", "flatten"})
+        self.mode = check_choice("mode", mode, set(FUSION_MODES))
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     def build(self, input_shape):
@@ -81,6 +90,15 @@ class MultiScalePatchFusion(keras.layers.Layer):
             self.bias = self.add_weight(
                 name="bias", shape=(), initializer="zeros"
             )
+        elif self.mode == "per_horizon_step":
+            self.kernel = self.add_weight(
+                name="kernel",
+                shape=(self.horizon, k),
+                initializer=keras.initializers.Constant(1.0 / k),
+            )
+            self.bias = self.add_weight(
+                name="bias", shape=(self.horizon,), initializer="zeros"
+            )
         else:
             self.kernel = self.add_weight(
                 name="kernel",
@@ -102,6 +120,9 @@ class MultiScalePatchFusion(keras.layers.Layer):
         bias = ops.cast(self.bias, stacked.dtype)
         if self.mode == "per_step":
             return ops.einsum("btck,k->btc", stacked, kernel) + bias
+        if self.mode == "per_horizon_step":
+            fused = ops.einsum("btck,tk->btc", stacked, kernel)
+            return fused + bias[None, :, None]
         # Per channel: [x̂_1 .. x̂_k] of length k·T (scale-major) -> T.
         flat = ops.einsum("btck->bckt", stacked)
         flat = ops.reshape(

@@ -138,29 +138,49 @@ class ParallelBranchBlock(keras.layers.Layer):
             name="fc2_bias", shape=(n, dim), initializer="zeros"
         )
 
+    def _mlp_hidden(self, x, training=None):
+        """Joined, activated hidden units `(batch, length, n, mlp_dim)`.
+
+        The join is applied to fc1's branch-stacked kernel and bias (the
+        same λ-mix, exact because fc1 is linear) rather than to the hidden
+        activations, which are batch x length times larger.
+        """
+        kernel = ops.cast(self.fc1_kernel, x.dtype)
+        bias = ops.cast(self.fc1_bias, x.dtype)
+        if self.num_branches > 1:
+            kernel = self.mlp_join.mix(kernel, axis=0)
+            bias = self.mlp_join.mix(bias, axis=0)
+        hidden = ops.einsum("bsd,ndf->bsnf", x, kernel) + bias
+        return self.dropout(self._activation_fn(hidden), training=training)
+
     def mlp_branch_outputs(self, x, training=None):
         """Per-branch FFN outputs `(batch, length, n, D)` of a normed input."""
-        hidden = ops.einsum(
-            "bsd,ndf->bsnf", x, ops.cast(self.fc1_kernel, x.dtype)
-        ) + ops.cast(self.fc1_bias, x.dtype)
-        if self.num_branches > 1:
-            hidden = self.mlp_join(hidden)
-        hidden = self.dropout(self._activation_fn(hidden), training=training)
-        out = ops.einsum(
+        hidden = self._mlp_hidden(x, training=training)
+        return ops.einsum(
             "bsnf,nfd->bsnd", hidden, ops.cast(self.fc2_kernel, x.dtype)
         ) + ops.cast(self.fc2_bias, x.dtype)
-        return out
+
+    def _mlp_sum(self, x, training=None):
+        """The branch FFNs' sum `(batch, length, D)`, the sum folded into
+        the second matmul (over branch and hidden unit at once)."""
+        hidden = self._mlp_hidden(x, training=training)
+        return ops.einsum(
+            "bsnf,nfd->bsd", hidden, ops.cast(self.fc2_kernel, x.dtype)
+        ) + ops.cast(ops.sum(self.fc2_bias, axis=0), x.dtype)
 
     def call(self, inputs, training=None):
         x = inputs
         branch = self.attention(self.norm1(x), training=training)
         x = x + self.drop_path1(branch, training=training)
-        branches = self.mlp_branch_outputs(self.norm2(x), training=training)
         if self.diversity_weight and self.num_branches > 1:
+            branches = self.mlp_branch_outputs(self.norm2(x), training=training)
             self.add_loss(
                 0.5 * self.diversity_weight * pairwise_cosine_squared(branches)
             )
-        branch = self.dropout(ops.sum(branches, axis=2), training=training)
+            summed = ops.sum(branches, axis=2)
+        else:
+            summed = self._mlp_sum(self.norm2(x), training=training)
+        branch = self.dropout(summed, training=training)
         return x + self.drop_path2(branch, training=training)
 
     def compute_output_shape(self, input_shape):

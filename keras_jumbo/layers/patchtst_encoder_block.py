@@ -2,14 +2,12 @@ import keras
 
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
-from keras_jumbo.layers._utils import check_positive_float
-from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
-from keras_jumbo.layers._utils import check_rate
-from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
+from keras_jumbo.layers.vit_block import block_config
+from keras_jumbo.layers.vit_block import set_block_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -89,13 +87,18 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = check_positive_int("num_heads", num_heads)
-        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
-        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
-        self.attention_dropout_rate = check_rate(
-            "attention_dropout_rate", attention_dropout_rate
+        set_block_arguments(
+            self,
+            num_heads,
+            mlp_dim,
+            dropout_rate,
+            attention_dropout_rate,
+            drop_path_rate,
+            layer_norm_epsilon,
+            activation,
+            qkv_bias,
+            kernel_initializer,
         )
-        self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
         self.normalization = check_choice(
             "normalization", normalization, {"batch_norm", "layer_norm"}
         )
@@ -103,13 +106,6 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
         self.residual_attention = check_bool(
             "residual_attention", residual_attention
         )
-        self.layer_norm_epsilon = float(
-            check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
-        )
-        get_activation(activation)
-        self.activation = activation
-        self.qkv_bias = check_bool("qkv_bias", qkv_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     def _norm(self, name):
         if self.normalization == "batch_norm":
@@ -206,22 +202,12 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        config.update(block_config(self))
         config.update(
             {
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
-                "dropout_rate": self.dropout_rate,
-                "attention_dropout_rate": self.attention_dropout_rate,
-                "drop_path_rate": self.drop_path_rate,
                 "normalization": self.normalization,
                 "norm_first": self.norm_first,
                 "residual_attention": self.residual_attention,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "activation": self.activation,
-                "qkv_bias": self.qkv_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
             }
         )
         return config

@@ -67,9 +67,18 @@ class ProgressiveJoin(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs):
-        lam = ops.cast(self.join_lambda, inputs.dtype)
-        total = ops.sum(inputs, axis=self.branch_axis, keepdims=True)
-        return (1.0 - lam) * inputs + lam * total
+        return self.mix(inputs, self.branch_axis)
+
+    def mix(self, values, axis):
+        """`(1 - λ) x_b + λ Σ_b' x_b'` over the branches on `axis`.
+
+        Linear in `values`, so joining the *weights* of a linear map (its
+        branch-stacked kernel and bias, axis 0) equals joining its outputs,
+        at a cost that does not grow with the batch.
+        """
+        lam = ops.cast(self.join_lambda, values.dtype)
+        total = ops.sum(values, axis=axis, keepdims=True)
+        return (1.0 - lam) * values + lam * total
 
     def score_scale(self, key_dim):
         """1 / (sqrt(1 + (n-1) λ²) · sqrt(key_dim)), the joined score scale.

@@ -12,6 +12,53 @@ from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 
 
+def set_block_arguments(
+    layer,
+    num_heads,
+    mlp_dim,
+    dropout_rate,
+    attention_dropout_rate,
+    drop_path_rate,
+    layer_norm_epsilon,
+    activation,
+    qkv_bias,
+    kernel_initializer,
+):
+    """Validate the arguments every encoder block has and set them as
+    attributes (`ViTBlock` and `PatchTSTEncoderBlock`)."""
+    layer.num_heads = check_positive_int("num_heads", num_heads)
+    layer.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+    layer.dropout_rate = check_rate("dropout_rate", dropout_rate)
+    layer.attention_dropout_rate = check_rate(
+        "attention_dropout_rate", attention_dropout_rate
+    )
+    layer.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
+    layer.layer_norm_epsilon = float(
+        check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
+    )
+    get_activation(activation)
+    layer.activation = activation
+    layer.qkv_bias = check_bool("qkv_bias", qkv_bias)
+    layer.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+
+def block_config(layer):
+    """The config entries of `set_block_arguments`."""
+    return {
+        "num_heads": layer.num_heads,
+        "mlp_dim": layer.mlp_dim,
+        "dropout_rate": layer.dropout_rate,
+        "attention_dropout_rate": layer.attention_dropout_rate,
+        "drop_path_rate": layer.drop_path_rate,
+        "layer_norm_epsilon": layer.layer_norm_epsilon,
+        "activation": layer.activation,
+        "qkv_bias": layer.qkv_bias,
+        "kernel_initializer": keras.initializers.serialize(
+            layer.kernel_initializer
+        ),
+    }
+
+
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class ViTBlock(keras.layers.Layer):
     """The pre-norm ViT encoder block (ViT, DeiT, timm `Block`).
@@ -70,24 +117,22 @@ class ViTBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = check_positive_int("num_heads", num_heads)
-        self.mlp_dim = check_positive_int("mlp_dim", mlp_dim)
+        set_block_arguments(
+            self,
+            num_heads,
+            mlp_dim,
+            dropout_rate,
+            attention_dropout_rate,
+            drop_path_rate,
+            layer_norm_epsilon,
+            activation,
+            qkv_bias,
+            kernel_initializer,
+        )
         if head_dim is not None:
             check_positive_int("head_dim", head_dim)
         self.head_dim = head_dim
-        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
-        self.attention_dropout_rate = check_rate(
-            "attention_dropout_rate", attention_dropout_rate
-        )
-        self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
         self.layer_scale_init_value = layer_scale_init_value
-        self.layer_norm_epsilon = float(
-            check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
-        )
-        get_activation(activation)
-        self.activation = activation
-        self.qkv_bias = check_bool("qkv_bias", qkv_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     # --- construction (subclasses reuse these) --------------------------
     def _norm(self, name):
@@ -176,14 +221,18 @@ class ViTBlock(keras.layers.Layer):
             branch = branch * keras.ops.cast(mask, branch.dtype)
         return x + branch
 
-    def call(self, inputs, training=None):
-        x = self._add(
-            inputs,
-            self.attention(self.norm1(inputs), training=training),
+    def attention_branch(self, x, training=None):
+        """`x + DropPath(LS1(Attn(LN1(x))))`."""
+        return self._add(
+            x,
+            self.attention(self.norm1(x), training=training),
             self.layer_scale1,
             self.drop_path1,
             training,
         )
+
+    def mlp_branch(self, x, training=None):
+        """`x + DropPath(LS2(FFN(LN2(x))))`."""
         return self._add(
             x,
             self.mlp(self.norm2(x), training=training),
@@ -192,26 +241,21 @@ class ViTBlock(keras.layers.Layer):
             training,
         )
 
+    def call(self, inputs, training=None):
+        return self.mlp_branch(
+            self.attention_branch(inputs, training), training
+        )
+
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
     def get_config(self):
         config = super().get_config()
+        config.update(block_config(self))
         config.update(
             {
-                "num_heads": self.num_heads,
-                "mlp_dim": self.mlp_dim,
                 "head_dim": self.head_dim,
-                "dropout_rate": self.dropout_rate,
-                "attention_dropout_rate": self.attention_dropout_rate,
-                "drop_path_rate": self.drop_path_rate,
                 "layer_scale_init_value": self.layer_scale_init_value,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "activation": self.activation,
-                "qkv_bias": self.qkv_bias,
-                "kernel_initializer": keras.initializers.serialize(
-                    self.kernel_initializer
-                ),
             }
         )
         return config

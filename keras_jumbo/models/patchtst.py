@@ -28,6 +28,7 @@ from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers.multi_scale_patch_fusion import FUSION_MODES
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.schedules import drop_path_rates
@@ -474,9 +475,11 @@ class MSPatchTST(ConfiguredModel):
             strides alike) or explicit `(patch_length, stride)` pairs.
             Default `("small", "large")`, the paper's best configuration
             (Table II, used for its Table III).
-        fusion: `"per_step"` (the paper's k -> 1 map, default) or
+        fusion: `"per_step"` (the paper's k -> 1 map, default),
+            `"per_horizon_step"` (k weights and a bias per forecast step) or
             `"flatten"` (its code's k·T -> T map); see
-            `MultiScalePatchFusion`.
+            `MultiScalePatchFusion`. The default is not yet chosen by
+            measurement (issue #16).
         head_dropout_rate: dropout after each head.
         revin: bool, reversible instance normalisation (once, shared).
         revin_affine, subtract_last: RevIN options.
@@ -537,7 +540,7 @@ class MSPatchTST(ConfiguredModel):
         config = constructor_arguments(locals())
         check_positive_int("horizon", horizon)
         check_rate("head_dropout_rate", head_dropout_rate)
-        check_choice("fusion", fusion, {"per_step", "flatten"})
+        check_choice("fusion", fusion, set(FUSION_MODES))
         check_positive_int("patch_length", patch_length)
         check_positive_int("stride", stride)
         options = {

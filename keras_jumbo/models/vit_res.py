@@ -14,6 +14,7 @@ from keras_jumbo.layers import ResidualSpatialReduction
 from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers import ViTBlock
 from keras_jumbo.layers._utils import check_choice
+from keras_jumbo.layers._utils import check_positive_float
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
@@ -227,6 +228,7 @@ def stem_tokens(
     `classifier` is `make_classifier()`, made before the stem's layers as
     the super-network always did, so seeded initial weights are unchanged).
     """
+    check_positive_float("layer_norm_epsilon", layer_norm_epsilon)
     layers = dict(
         stem_layers=[],
         patch_embedding=PatchEmbedding(

@@ -184,7 +184,8 @@ def test_fold_channels_layer_checks(rng):
 
 
 def test_fusion_layer_checks():
-    for mode, weights in (("per_step", 2), ("flatten", 2)):
+    for mode in ("per_step", "per_horizon_step", "flatten"):
+        weights = 2
         run_layer_test(
             MultiScalePatchFusion,
             {"mode": mode},
@@ -208,6 +209,27 @@ def test_per_step_fusion_is_a_k_to_1_dense_at_every_step(rng):
     )
     expected = numpy(dense(np.stack(xs, axis=-1)))[..., 0]
     assert_allclose(fusion(xs), expected, atol=1e-5)
+
+
+def test_per_horizon_step_fusion_weights_each_step_by_its_own_row(rng):
+    fusion = MultiScalePatchFusion("per_horizon_step")
+    xs = [rng.normal(size=(2, 6, 3)).astype("float32") for _ in range(3)]
+    fusion(xs)
+    assert_allclose(fusion(xs), np.mean(xs, axis=0), atol=1e-6)
+    randomize_weights(fusion)
+    kernel, bias = numpy(fusion.kernel), numpy(fusion.bias)  # (T, k), (T,)
+    expected = np.zeros((2, 6, 3))
+    for t in range(6):  # the paragraph after eq. 3, written out
+        for j in range(3):
+            expected[:, t] += kernel[t, j] * xs[j][:, t]
+        expected[:, t] += bias[t]
+    assert_allclose(fusion(xs), expected, atol=1e-5)
+    # With every row equal it is the per_step fusion.
+    shared = MultiScalePatchFusion("per_step")
+    shared(xs)
+    shared.set_weights([kernel[0], np.float32(bias[0])])
+    fusion.set_weights([np.tile(kernel[:1], (6, 1)), np.full(6, bias[0])])
+    assert_allclose(fusion(xs), shared(xs), atol=1e-6)
 
 
 def test_flatten_fusion_is_one_kT_to_T_dense_per_channel(rng):

@@ -171,3 +171,14 @@ def test_the_supernet_is_a_model_class_too():
 def test_unknown_arguments_are_refused(cls):
     with pytest.raises(TypeError, match="hiden_dim"):
         cls(hiden_dim=8)
+
+
+@pytest.mark.parametrize(
+    "group", sorted(model_groups()), ids=lambda group: group
+)
+def test_every_model_refuses_a_non_positive_epsilon(group):
+    """layer_norm_epsilon <= 0 built models whose outputs were all NaN."""
+    name = model_groups()[group][0]
+    overrides, _ = tiny(name)
+    with pytest.raises(ValueError, match="layer_norm_epsilon"):
+        models.create_model(name, **overrides, layer_norm_epsilon=-1.0)

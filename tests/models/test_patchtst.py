@@ -81,6 +81,7 @@ def test_classifier_blocks_follow_the_config():
         ("patchtst_forecaster", {}),
         ("ms_patchtst", {}),
         ("ms_patchtst", {"fusion": "flatten", "revin_affine": True}),
+        ("ms_patchtst", {"fusion": "per_horizon_step"}),
         (
             "ms_patchtst",
             {"scales": ("small", "medium", "large"), "norm_first": True},

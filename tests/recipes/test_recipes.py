@@ -327,3 +327,68 @@ def test_supernet_validation_arrays_from_memory_and_stream(rng):
         images, labels = vit_resnas_supernet._arrays(source, steps)
         np.testing.assert_array_equal(images, expected_images)
         np.testing.assert_array_equal(labels, expected_labels)
+
+
+def test_supernet_search_budget_is_the_papers_per_space():
+    from keras_jumbo import nas
+    from recipes import vit_resnas_supernet as resnas
+
+    for name, budget in (("tiny", 1.8e9), ("small", 2.8e9), ("medium", 4.5e9)):
+        space = nas.SearchSpace.preset(name)
+        assert resnas.search_budget(name, space, 224, 1000) == int(budget)
+        # Another size / class count: the same relative place in the space,
+        # between the smallest and the largest sub-network there.
+        low = space.count_macs(space.smallest(), 112, 10)
+        high = space.count_macs(space.largest(), 112, 10)
+        scaled = resnas.search_budget(name, space, 112, 10)
+        assert low < scaled < high
+        assert (scaled - low) / (high - low) == pytest.approx(
+            (budget - space.count_macs(space.smallest(), 224, 1000))
+            / (
+                space.count_macs(space.largest(), 224, 1000)
+                - space.count_macs(space.smallest(), 224, 1000)
+            ),
+            abs=1e-6,
+        )
+    small, medium = (
+        resnas.search_budget(n, nas.SearchSpace.preset(n), 224, 1000)
+        for n in ("small", "medium")
+    )
+    assert small < medium  # one space, two searches
+
+
+def test_supernet_search_data_is_held_out_of_training(rng):
+    from recipes import vit_resnas_supernet as resnas
+
+    labels = np.repeat(np.arange(4), 40)
+    train, search = resnas.hold_out_per_class(labels, 25, seed=1)
+    assert len(np.intersect1d(train, search)) == 0
+    assert len(train) + len(search) == len(labels)
+    assert np.all(np.bincount(labels[search]) == 25)
+    with pytest.raises(ValueError, match="search_per_class=40"):
+        resnas.hold_out_per_class(labels, 40)
+
+    # The recipe trains on the rest and searches on the held-out rows.
+    recipe = resnas.recipe("tiny", search_per_class=5)
+    images = rng.integers(0, 255, size=(160, 8, 8, 3)).astype("uint8")
+    images[:, 0, 0, 0] = np.arange(160)  # a row id in every image
+    args = dataclasses.make_dataclass("Args", ["smoke", "seed"])(True, 0)
+    ready = dataclasses.replace(
+        recipe.for_smoke(), batch_size=8, epochs=1, image_size=8
+    )
+    train_data = recipe.make_train_data(
+        images, labels, ready, args, {"num_classes": 4}
+    )
+    held_images, held_labels = recipe.state["search_arrays"]
+    assert len(held_images) == 4 * 5
+    trained_ids = set(train_data.images[:, 0, 0, 0].round().astype(int))
+    held_ids = set(held_images[:, 0, 0, 0].round().astype(int))
+    assert trained_ids.isdisjoint(held_ids)
+    assert len(trained_ids) + len(held_ids) == 160
+
+
+def test_supernet_recipe_refuses_streamed_data_without_search_images():
+    from recipes import vit_resnas_supernet as resnas
+
+    with pytest.raises(SystemExit, match="held-out search images"):
+        resnas.main(["--data-dir", "/nonexistent"])
