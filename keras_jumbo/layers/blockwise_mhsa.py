@@ -195,7 +195,9 @@ class BlockwiseMHSA(keras.layers.Layer):
         d_v)`, before the output projection.
 
         Computed branch by branch with 4-D tensors (5-D einsums over
-        (branch, head) made XLA copy the score tensors, ~2.5x slower on CPU).
+        (branch, head) made XLA copy the score tensors; together with the
+        joined-score matmul below, 4.9x faster on a 2-core CPU,
+        `benchmarks/attention_layouts.py`).
         The joined scores of branch b, `S_b + λ Σ_{b'≠b} S_b'`, are one
         matmul of `[c_b1 Q_1, ..., c_bn Q_n]` (c = 1 for b, λ otherwise)
         with all the keys side by side, instead of n score tensors summed

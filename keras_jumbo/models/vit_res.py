@@ -210,6 +210,20 @@ def conv_stem(x, filters, data_format, name="stem", created=None):
     return keras.layers.Add(name=f"{name}_residual")([first, h])
 
 
+# The layers every multi-stage model (ViTRes, the super-network) exposes
+# as attributes; `stem_tokens` returns them.
+MULTI_STAGE_LAYERS = (
+    "stem_layers",
+    "patch_embedding",
+    "position_embedding",
+    "class_token",
+    "reductions",
+    "blocks",
+    "final_norm",
+    "classifier",
+)
+
+
 def stem_tokens(
     images,
     stem_filters,
@@ -396,17 +410,7 @@ class ViTRes(ConfiguredModel):
     _prefix = "vit_res"
     # Layers of the graph, as attributes: `blocks[s][n]` is block n of stage
     # s, `reductions[s]` the reduction before stage s (None for s = 0).
-    exposed_layers = (
-        "stem_layers",
-        "patch_embedding",
-        "position_embedding",
-        "class_token",
-        "reductions",
-        "blocks",
-        "final_norm",
-        "classifier",
-        "patch_classifier",
-    )
+    exposed_layers = (*MULTI_STAGE_LAYERS, "patch_classifier")
 
     def __init__(
         self,

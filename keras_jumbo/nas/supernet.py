@@ -15,6 +15,7 @@ from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
+from keras_jumbo.models.vit_res import MULTI_STAGE_LAYERS
 from keras_jumbo.models.vit_res import build_vit_res
 from keras_jumbo.models.vit_res import stem_tokens
 from keras_jumbo.models.vit_res import token_grid_size
@@ -53,16 +54,7 @@ class ViTResSuperNet(ConfiguredModel):
 
     # Layers of the graph, as attributes (as `ViTRes`): `blocks[s][j]` is
     # block slot j of stage s.
-    exposed_layers = (
-        "stem_layers",
-        "patch_embedding",
-        "position_embedding",
-        "class_token",
-        "reductions",
-        "blocks",
-        "final_norm",
-        "classifier",
-    )
+    exposed_layers = MULTI_STAGE_LAYERS
 
     def check_input_values(self, inputs):
         """Refuse architecture codes outside the search space (numpy codes:
