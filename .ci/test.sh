@@ -43,8 +43,15 @@ KERAS_BACKEND=jax "$PYTHON" -m recipes.jumbo_imagenet1k "${smoke[@]}" \
   --output-dir "$smoke_dir/in1k_ft" || status=1
 KERAS_BACKEND=jax "$PYTHON" -m recipes.jumbo_imagenet21k "${smoke[@]}" \
   --output-dir "$smoke_dir/in21k" || status=1
+# Non-Deep ViT, the paper's three stages chained.
 KERAS_BACKEND=torch "$PYTHON" -m recipes.non_deep_vit "${smoke[@]}" \
+  --stage pretrain --output-dir "$smoke_dir/non_deep_pre" || status=1
+KERAS_BACKEND=torch "$PYTHON" -m recipes.non_deep_vit "${smoke[@]}" \
+  --stage join --init "$smoke_dir/non_deep_pre/model.keras" \
   --output-dir "$smoke_dir/non_deep" || status=1
+KERAS_BACKEND=torch "$PYTHON" -m recipes.non_deep_vit "${smoke[@]}" \
+  --stage finetune --init "$smoke_dir/non_deep/plain.keras" \
+  --output-dir "$smoke_dir/non_deep_ft" || status=1
 KERAS_BACKEND=tensorflow "$PYTHON" -m recipes.vit_resnas_supernet \
   "${smoke[@]}" --output-dir "$smoke_dir/resnas" || status=1
 rm -rf "$smoke_dir"

@@ -90,8 +90,10 @@ class ImageRecipe:
     total_steps)` maps every streamed training batch (`--data-dir`,
     `--tfds`) to the model's inputs; `evaluate(model, val)` replaces
     top-1 accuracy of `model(images)` (and turns off validation in `fit`);
-    `state` is scratch space shared by a recipe's hooks. `smoke` overrides
-    fields for `--smoke`.
+    `wrap_model(model, args, train)` returns the model to compile and fit
+    around the one being trained (e.g. an attention-map distiller); the
+    inner model is the one saved. `state` is scratch space shared by a
+    recipe's hooks. `smoke` overrides fields for `--smoke`.
     """
 
     name: str
@@ -114,6 +116,7 @@ class ImageRecipe:
     make_train_data: Callable | None = None
     map_stream: Callable | None = None
     evaluate: Callable | None = None
+    wrap_model: Callable | None = None
     state: dict = dataclasses.field(default_factory=dict)
     smoke: dict = dataclasses.field(default_factory=dict)
 
@@ -151,7 +154,15 @@ def parser(recipe, description):
         default="none",
     )
     p.add_argument("--model-axis-size", type=int)
-    p.add_argument("--jit-compile", default="auto")
+    p.add_argument(
+        "--jit-compile",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="auto: Keras' default per backend (XLA on JAX and TensorFlow, "
+        "eager on PyTorch: torch.compile recompiles when a callback such "
+        "as JoinSchedule changes the model between steps; "
+        "benchmarks/README.md)",
+    )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--verbose", type=int, default=2)
     return p
@@ -297,15 +308,6 @@ def smoke_teacher(train, image_size, epochs=6):
     """A small CNN trained for a few epochs at `image_size` (2x the
     student's) on the smoke images without augmentation: any Keras model
     can teach."""
-    plain = kj_data.ImageBatches(
-        train.images,
-        train.labels,
-        128,
-        num_classes=train.num_classes,
-        mean=train.mean,
-        std=train.std,
-        seed=1,
-    )
     inputs = keras.Input((image_size, image_size, 3))
     x = inputs
     for filters in (32, 64, 128):
@@ -321,17 +323,32 @@ def smoke_teacher(train, image_size, epochs=6):
     teacher = keras.Sequential(
         [keras.Input(train.images.shape[1:]), resize, teacher]
     )
+    fit_smoke_teacher(teacher, train, epochs, keras.optimizers.Adam(3e-3))
+    return teacher.layers[-1]
+
+
+def fit_smoke_teacher(teacher, train, epochs, optimizer, label="teacher"):
+    """Train a smoke run's teacher on the smoke images, unaugmented."""
+    plain = kj_data.ImageBatches(
+        train.images,
+        train.labels,
+        128,
+        num_classes=train.num_classes,
+        mean=train.mean,
+        std=train.std,
+        seed=1,
+    )
     teacher.compile(
-        optimizer=keras.optimizers.Adam(3e-3),
+        optimizer=optimizer,
         loss=keras.losses.CategoricalCrossentropy(from_logits=True),
         metrics=["categorical_accuracy"],
     )
     history = teacher.fit(plain, epochs=epochs, verbose=0)
     print(
-        "smoke teacher: training accuracy "
+        f"smoke {label}: training accuracy "
         f"{history.history['categorical_accuracy'][-1]:.3f}"
     )
-    return teacher.layers[-1]
+    return teacher
 
 
 def load_teacher(name_or_path, num_classes, image_size):
@@ -377,9 +394,10 @@ def run(recipe, argv=None, description=None, extra_callbacks=()):
         args.distribution, args.model_axis_size
     ):
         if args.init:
-            model = kj_models.with_image_size(
-                keras.saving.load_model(args.init), recipe.image_size
-            )
+            model = keras.saving.load_model(args.init)
+            size = (recipe.image_size, recipe.image_size)
+            if tuple(model.input_shape[1:3]) != size:
+                model = kj_models.with_image_size(model, recipe.image_size)
         else:
             model = recipe.build_model(
                 num_classes=num_classes,
@@ -405,6 +423,8 @@ def run(recipe, argv=None, description=None, extra_callbacks=()):
                 model, teacher, teacher_image_size=recipe.teacher_image_size
             )
             loss = None
+        if recipe.wrap_model is not None:
+            trained = recipe.wrap_model(model, args, train)
         optimizer = keras.optimizers.AdamW(
             warmup_cosine(
                 recipe.learning_rate,

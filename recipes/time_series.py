@@ -26,6 +26,12 @@ Commands (2 CPU cores):
     # the document from the records alone (missing runs are listed)
     python -m recipes.time_series --records docs/time_series_runs.jsonl \
         --from-records --results docs/time_series_results.md
+    # the MS-PatchTST fusion study (per_step / per_horizon_step / flatten
+    # on electricity and Appliances Energy, 3 seeds; about 1 h + 2.5 h on
+    # 2 cores; resumable the same way)
+    KERAS_BACKEND=jax python -m recipes.time_series \
+        --fusion-study docs/fusion_results.md \
+        --records docs/fusion_runs.jsonl
     # smoke run (about 1 min)
     KERAS_BACKEND=jax python -m recipes.time_series --smoke
 """
@@ -239,8 +245,22 @@ def summarize(records):
 
 
 # --- forecasting -------------------------------------------------------
-def forecasting_data(sequence_length=336, horizon=96, batch_size=64, **kw):
-    values, _ = data.load_appliances_energy()
+FORECASTING_SETS = {
+    "appliances": data.load_appliances_energy,
+    "electricity": data.load_electricity_hourly,
+}
+
+
+def forecasting_data(
+    sequence_length=336, horizon=96, batch_size=64, dataset="appliances"
+):
+    """`(make, channels)`: `make(split, shuffle, seed, limit)` gives windows."""
+    if dataset not in FORECASTING_SETS:
+        raise ValueError(
+            f"`dataset` must be one of {sorted(FORECASTING_SETS)}. "
+            f"Received: dataset={dataset!r}"
+        )
+    values, _ = FORECASTING_SETS[dataset]()
     splits = data.forecasting_splits(values, sequence_length)
     make = lambda split, shuffle, seed, limit: data.ForecastingWindows(  # noqa
         splits[split],
@@ -264,16 +284,20 @@ def train_forecaster(
     horizon=96,
     batch_size=64,
     seed=0,
+    dataset="appliances",
     **overrides,
 ):
-    """PatchTST / MS-PatchTST on Appliances Energy; test MSE and MAE.
+    """PatchTST / MS-PatchTST on a forecasting set; test MSE and MAE.
 
     Adam (PatchTST's default, lr 1e-4 in its Weather script), MSE loss,
-    standardised data; `train_windows` / `eval_windows` cap the windows
-    per epoch / evaluated (None: all).
+    standardised data; `train_windows` caps the (random) windows per
+    epoch, `eval_windows` the test windows (None, the default: the whole
+    test split -- a reported result never uses fewer).
     """
     keras.utils.set_random_seed(seed)
-    make, channels = forecasting_data(sequence_length, horizon, batch_size)
+    make, channels = forecasting_data(
+        sequence_length, horizon, batch_size, dataset
+    )
     train = make("train", True, seed, train_windows)
     test = make("test", False, seed, eval_windows)
     model = models.create_model(
@@ -300,6 +324,7 @@ def train_forecaster(
         "params": model.count_params(),
         "macs": models.count_macs(model),
         "seconds": seconds,
+        "test_windows": test.epoch_windows,
         "trained": model,
         "test": test,
     }
@@ -422,6 +447,9 @@ def write_results(path, args):
             if r.get("kind") == "forecast"
             and r["model"] == name
             and r.get("scales") == (list(scales) if scales else None)
+            # Records from before the whole-split evaluation capped it at
+            # 1024 windows without saying so.
+            and r.get("eval_windows", 1024) == args.eval_windows
         ]
         if previous:
             forecasts.append(previous[-1])
@@ -444,6 +472,7 @@ def write_results(path, args):
             **overrides,
         )
         record["kind"] = "forecast"
+        record["eval_windows"] = args.eval_windows
         record["scales"] = list(scales) if scales else None
         print(
             f"{name} {scales}: mse={record['mse']:.4f} mae={record['mae']:.4f}"
@@ -511,9 +540,15 @@ def write_results(path, args):
         "",
         f"{args.forecast_epochs} epochs of {args.train_windows} random "
         f"windows, Adam lr 1e-4, MSE loss, width {args.forecast_width}; "
-        f"test MSE / MAE on {args.eval_windows} test windows of the "
-        "standardised data (70/10/20 chronological split, statistics of "
-        "the training part).",
+        "test MSE / MAE on "
+        + (
+            "every test window"
+            if args.eval_windows is None
+            else f"the first {args.eval_windows} test windows (a capped run, "
+            "not a result)"
+        )
+        + " of the standardised data (70/10/20 chronological split, "
+        "statistics of the training part).",
         "",
         "| model | scales (P, S) | params | MACs / example | MSE | MAE | "
         "train time |",
@@ -541,6 +576,210 @@ def write_results(path, args):
     with open(path, "w") as handle:
         handle.write("\n".join(lines))
     return records
+
+
+# --- MS-PatchTST fusion study (issue: which fusion to default to) ------
+# The training budget per forecasting set (2 CPU cores): every training
+# window of the single-variable electricity series per epoch; 2048 random
+# windows per epoch of the 26-variable Appliances data (each window costs
+# 26 series there).
+FUSION_BUDGETS = {
+    "electricity": {"epochs": 3, "train_windows": None},
+    "appliances": {"epochs": 2, "train_windows": 2048},
+}
+FUSION_SCALES = ("small", "medium", "large")
+FUSION_WIDTH = 64
+
+
+def fusion_run(dataset, fusion, seed, budget=None, width=FUSION_WIDTH, **kw):
+    """One MS-PatchTST run of the fusion study; the record, model dropped."""
+    budget = dict(FUSION_BUDGETS[dataset] if budget is None else budget)
+    record = train_forecaster(
+        "ms_patchtst",
+        seed=seed,
+        dataset=dataset,
+        scales=FUSION_SCALES,
+        fusion=fusion,
+        hidden_dim=width,
+        mlp_dim=2 * width,
+        num_heads=max(1, width // 8),
+        **budget,
+        **kw,
+    )
+    record.pop("trained")
+    record.pop("test")
+    record.update(
+        kind="fusion",
+        dataset=dataset,
+        fusion=fusion,
+        seed=seed,
+        width=width,
+        scales=list(FUSION_SCALES),
+        **budget,
+    )
+    return record
+
+
+def _same_fusion_run(record, dataset, fusion, seed, budget, width):
+    return (
+        record.get("kind") == "fusion"
+        and record["dataset"] == dataset
+        and record["fusion"] == fusion
+        and record["seed"] == seed
+        and record["width"] == width
+        and all(record[k] == v for k, v in budget.items())
+    )
+
+
+def fusion_summary(records):
+    """`{(dataset, fusion): {"mse": (mean, std), "mae": ..., "n": seeds}}`.
+
+    The standard deviation is the sample one (ddof=1); 0 for one seed.
+    """
+    groups = {}
+    for record in records:
+        groups.setdefault((record["dataset"], record["fusion"]), []).append(
+            record
+        )
+    summary = {}
+    for key, runs in groups.items():
+        row = {"n": len(runs), "params": runs[0]["params"]}
+        for metric in ("mse", "mae", "seconds"):
+            values = np.array([r[metric] for r in runs], dtype="float64")
+            std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+            row[metric] = (float(values.mean()), std)
+        summary[key] = row
+    return summary
+
+
+def write_fusion_results(path, args):
+    """Train the missing runs of the fusion study and write its document."""
+    from keras_jumbo.layers.multi_scale_patch_fusion import FUSION_MODES
+
+    done = load_records(args.records)
+    append = _appender(args.records)
+    kept = []
+    missing = []
+    for dataset in args.fusion_datasets:
+        budget = dict(FUSION_BUDGETS[dataset])
+        for seed in args.seeds:
+            for fusion in FUSION_MODES:
+                same = [
+                    r
+                    for r in done
+                    if _same_fusion_run(
+                        r, dataset, fusion, seed, budget, FUSION_WIDTH
+                    )
+                ]
+                if same:
+                    kept.append(same[-1])
+                    continue
+                if args.from_records:
+                    missing.append(f"{dataset}/{fusion}/seed {seed}")
+                    continue
+                record = fusion_run(dataset, fusion, seed, budget)
+                print(
+                    f"fusion {dataset} {fusion} seed {seed}: "
+                    f"mse={record['mse']:.4f} mae={record['mae']:.4f} "
+                    f"({record['seconds'] / 60:.1f} min)",
+                    flush=True,
+                )
+                append(record)
+                kept.append(record)
+    summary = fusion_summary(kept)
+    lines = [
+        "# MS-PatchTST fusion: per_step vs per_horizon_step vs flatten",
+        "",
+        f"Produced by `python -m recipes.time_series --fusion-study {path} "
+        f"--records {args.records}` on {platform.machine()} with "
+        f"{os.cpu_count()} CPU cores, no GPU, Keras {keras.__version__} / "
+        f"{keras.backend.backend()}, {time.strftime('%Y-%m-%d')}.",
+        "",
+        "The question (MS-PatchTST §III, eq. 3 and the paragraph after it): "
+        "the fusion layer should give 'higher weights to the respective "
+        "scale's output for different parts of the forecast horizon'. "
+        "`per_step` shares k+1 numbers over every step and channel, "
+        "`per_horizon_step` has k weights and a bias per forecast step, "
+        "`flatten` (the author's code) maps the k·T concatenated forecasts "
+        "to T.",
+        "",
+        f"Setting: MS-PatchTST, scales {list(FUSION_SCALES)} (patch length "
+        f"/ stride 8/4, 16/8, 32/16), width {FUSION_WIDTH}, L=336, T=96, "
+        "Adam lr 1e-4, MSE loss, batch 64, standardised data (70/10/20 "
+        "chronological split, statistics of the training part); test MSE / "
+        "MAE on every window of the test split. Budgets: "
+        + "; ".join(
+            f"{d}: {b['epochs']} epochs of "
+            + (
+                "every training window"
+                if b["train_windows"] is None
+                else f"{b['train_windows']} random training windows"
+            )
+            for d, b in FUSION_BUDGETS.items()
+        )
+        + f". Seeds {list(args.seeds)}; mean ± sample std over seeds.",
+        "",
+    ]
+    for dataset in args.fusion_datasets:
+        lines += [
+            f"## {dataset}",
+            "",
+            "| fusion | params | seeds | test MSE | test MAE | train time |",
+            "|---|---|---|---|---|---|",
+        ]
+        for fusion in FUSION_MODES:
+            row = summary.get((dataset, fusion))
+            if row is None:
+                lines.append(f"| {fusion} | | 0 | | | |")
+                continue
+            (mse, mse_sd), (mae, mae_sd) = row["mse"], row["mae"]
+            lines.append(
+                f"| {fusion} | {row['params']:,} | {row['n']} | "
+                f"{mse:.4f} ± {mse_sd:.4f} | {mae:.4f} ± {mae_sd:.4f} | "
+                f"{row['seconds'][0] / 60:.1f} min |"
+            )
+        lines.append("")
+    lines += ["## What wins", ""] + _fusion_verdict(
+        summary, args.fusion_datasets, FUSION_MODES
+    )
+    if missing:
+        lines += [
+            "",
+            f"Not yet run ({len(missing)}): " + ", ".join(missing) + ".",
+        ]
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return summary
+
+
+def _fusion_verdict(summary, datasets, fusions):
+    lines = []
+    for dataset in datasets:
+        rows = {
+            f: summary[(dataset, f)] for f in fusions if (dataset, f) in summary
+        }
+        if not rows:
+            continue
+        best = min(rows, key=lambda f: rows[f]["mse"][0])
+        mean, std = rows[best]["mse"]
+        others = [
+            f"{f} {rows[f]['mse'][0]:.4f} ± {rows[f]['mse'][1]:.4f}"
+            for f in rows
+            if f != best
+        ]
+        apart = [
+            f
+            for f in rows
+            if f != best and rows[f]["mse"][0] - rows[f]["mse"][1] > mean + std
+        ]
+        lines.append(
+            f"- {dataset}: lowest mean test MSE {best} ({mean:.4f} ± "
+            f"{std:.4f}; {', '.join(others)}); beyond one std of "
+            f"{', '.join(apart) if apart else 'none of the others'} "
+            f"({min(r['n'] for r in rows.values())}+ seeds)."
+        )
+    return lines
 
 
 def main(argv=None):
@@ -578,8 +817,30 @@ def main(argv=None):
     parser.add_argument("--forecast-epochs", type=int, default=4)
     parser.add_argument("--forecast-width", type=int, default=64)
     parser.add_argument("--train-windows", type=int, default=1024)
-    parser.add_argument("--eval-windows", type=int, default=1024)
+    parser.add_argument(
+        "--eval-windows",
+        type=int,
+        default=None,
+        help="cap the forecasting test windows (default: the whole test "
+        "split; results documents never use a cap)",
+    )
+    parser.add_argument(
+        "--fusion-study",
+        metavar="PATH",
+        help="run the MS-PatchTST fusion study (every fusion x "
+        "--fusion-datasets x --seeds) and write its document here",
+    )
+    parser.add_argument(
+        "--fusion-datasets",
+        nargs="+",
+        choices=sorted(FUSION_BUDGETS),
+        default=["electricity", "appliances"],
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args(argv)
+    if args.fusion_study:
+        write_fusion_results(args.fusion_study, args)
+        return 0
     if args.smoke:
         records = sweep(
             ["GunPoint"],

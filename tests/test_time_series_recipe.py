@@ -117,3 +117,92 @@ def test_sweep_resumes_from_records(tmp_path):
     assert messages == [
         "missing run: ('GunPoint', 8, 'patchtst_jumbo', 0.001, 0.0)"
     ]
+
+
+def _fusion_record(dataset, fusion, seed, mse, budget=None, **extra):
+    budget = recipe.FUSION_BUDGETS[dataset] if budget is None else budget
+    return dict(
+        kind="fusion",
+        model="ms_patchtst",
+        dataset=dataset,
+        fusion=fusion,
+        seed=seed,
+        width=recipe.FUSION_WIDTH,
+        mse=mse,
+        mae=mse / 2,
+        params=100,
+        seconds=60.0,
+        **budget,
+        **extra,
+    )
+
+
+def test_fusion_summary_is_mean_and_sample_std_over_seeds():
+    records = [
+        _fusion_record("electricity", "per_step", s, m)
+        for s, m in enumerate([0.1, 0.2, 0.6])
+    ] + [_fusion_record("electricity", "flatten", 0, 0.3)]
+    summary = recipe.fusion_summary(records)
+    row = summary[("electricity", "per_step")]
+    assert row["n"] == 3
+    assert row["mse"][0] == pytest.approx(0.3)
+    # Sample std (ddof=1) of 0.1, 0.2, 0.6: sqrt((0.04+0.01+0.09)/2).
+    assert row["mse"][1] == pytest.approx(math.sqrt(0.07))
+    assert row["mae"][0] == pytest.approx(0.15)
+    assert summary[("electricity", "flatten")]["mse"] == (0.3, 0.0)
+
+
+def test_fusion_study_reuses_matching_records_and_lists_missing(tmp_path):
+    records = tmp_path / "fusion.jsonl"
+    append = recipe._appender(str(records))
+    for seed, mse in ((0, 0.20), (1, 0.22)):
+        append(_fusion_record("electricity", "per_step", seed, mse))
+        append(_fusion_record("electricity", "per_horizon_step", seed, 0.1))
+    # A run with another budget is not this study's run.
+    append(
+        _fusion_record(
+            "electricity",
+            "flatten",
+            0,
+            0.01,
+            budget={"epochs": 1, "train_windows": 64},
+        )
+    )
+    doc = tmp_path / "fusion.md"
+    args = recipe.argparse.Namespace(
+        records=str(records),
+        from_records=True,
+        fusion_datasets=["electricity"],
+        seeds=[0, 1],
+    )
+    summary = recipe.write_fusion_results(str(doc), args)
+    assert set(summary) == {
+        ("electricity", "per_step"),
+        ("electricity", "per_horizon_step"),
+    }
+    text = doc.read_text()
+    assert "| per_step | 100 | 2 | 0.2100 ± 0.0141 |" in text
+    assert "| flatten | | 0 | | | |" in text
+    assert "electricity/flatten/seed 0, electricity/flatten/seed 1" in text
+    assert "lowest mean test MSE per_horizon_step (0.1000 ± 0.0000" in text
+    assert "beyond one std of per_step" in text
+
+
+def test_fusion_run_scores_the_whole_test_split():
+    from keras_jumbo import data
+
+    record = recipe.fusion_run(
+        "electricity",
+        "per_horizon_step",
+        seed=0,
+        budget={"epochs": 1, "train_windows": 64},
+        width=8,
+        depth=1,
+    )
+    values, _ = data.load_electricity_hourly()
+    test = data.forecasting_splits(values, 336)["test"]
+    assert record["test_windows"] == len(test) - 336 - 96 + 1
+    assert record["fusion"] == "per_horizon_step"
+    assert record["train_windows"] == 64
+    assert math.isfinite(record["mse"]) and math.isfinite(record["mae"])
+    assert "trained" not in record

@@ -318,6 +318,11 @@ class ForecastingWindows(keras.utils.PyDataset):
             order = order[: self.max_windows]
         self._order = order
 
+    @property
+    def epoch_windows(self):
+        """Windows in one epoch: `num_windows`, or `max_windows` if fewer."""
+        return len(self._order)
+
     def __len__(self):
         return math.ceil(len(self._order) / self.batch_size)
 

@@ -205,6 +205,23 @@ class BlockwiseMHSA(keras.layers.Layer):
         """
         x = inputs
         n = self.num_branches
+        value_kernel, value_bias = self.value_kernel, self.value_bias
+        if n > 1:
+            # The values are linear in x: join the value weights (exact),
+            # not the batch-sized values.
+            value_kernel = self.join.mix(value_kernel, axis=0)
+            if value_bias is not None:
+                value_bias = self.join.mix(value_bias, axis=0)
+        outputs = []
+        for b, probs in enumerate(self._probabilities(x)):
+            probs = self.attention_dropout(probs, training=training)
+            values = self._project(x, value_kernel, value_bias, b)
+            outputs.append(ops.einsum("bhqs,bhsk->bhqk", probs, values))
+        return outputs
+
+    def _probabilities(self, x):
+        """Each branch's (joined) attention maps `(batch, heads, q, s)`."""
+        n = self.num_branches
         queries = [
             self._project(x, self.query_kernel, self.query_bias, b)
             for b in range(n)
@@ -213,33 +230,33 @@ class BlockwiseMHSA(keras.layers.Layer):
             self._project(x, self.key_kernel, self.key_bias, b)
             for b in range(n)
         ]
-        value_kernel, value_bias = self.value_kernel, self.value_bias
-        if n > 1:
-            # The values are linear in x: join the value weights (exact),
-            # not the batch-sized values.
-            value_kernel = self.join.mix(value_kernel, axis=0)
-            if value_bias is not None:
-                value_bias = self.join.mix(value_bias, axis=0)
-            scale = ops.cast(self.join.score_scale(self._key_dim), x.dtype)
-            lam = ops.cast(self.join.join_lambda, x.dtype)
-            all_keys = ops.concatenate(keys, axis=-1)
-        else:
+        if n == 1:
             scale = 1.0 / math.sqrt(self._key_dim)
-        outputs = []
+            scores = ops.einsum("bhqk,bhsk->bhqs", queries[0], keys[0])
+            return [ops.softmax(scores * scale, axis=-1)]
+        scale = ops.cast(self.join.score_scale(self._key_dim), x.dtype)
+        lam = ops.cast(self.join.join_lambda, x.dtype)
+        all_keys = ops.concatenate(keys, axis=-1)
+        probabilities = []
         for b in range(n):
-            if n > 1:
-                mixed = ops.concatenate(
-                    [q if c == b else lam * q for c, q in enumerate(queries)],
-                    axis=-1,
-                )
-                scores = ops.einsum("bhqc,bhsc->bhqs", mixed, all_keys)
-            else:
-                scores = ops.einsum("bhqk,bhsk->bhqs", queries[b], keys[b])
-            probs = ops.softmax(scores * scale, axis=-1)
-            probs = self.attention_dropout(probs, training=training)
-            values = self._project(x, value_kernel, value_bias, b)
-            outputs.append(ops.einsum("bhqs,bhsk->bhqk", probs, values))
-        return outputs
+            mixed = ops.concatenate(
+                [q if c == b else lam * q for c, q in enumerate(queries)],
+                axis=-1,
+            )
+            scores = ops.einsum("bhqc,bhsc->bhqs", mixed, all_keys)
+            probabilities.append(ops.softmax(scores * scale, axis=-1))
+        return probabilities
+
+    def attention_probabilities(self, inputs):
+        """The attention maps `(batch, heads, length, length)` averaged over
+        the branches (each branch's joined maps, before attention dropout):
+        what Non-Deep ViT's attention-map distillation compares with the
+        teacher's (§4, "the averaged maps across branches")."""
+        probabilities = self._probabilities(inputs)
+        total = probabilities[0]
+        for probs in probabilities[1:]:
+            total = total + probs
+        return total / len(probabilities)
 
     def _project_out(self, heads, branch):
         out = ops.einsum(

@@ -168,6 +168,13 @@ class ParallelBranchBlock(keras.layers.Layer):
             "bsnf,nfd->bsd", hidden, ops.cast(self.fc2_kernel, x.dtype)
         ) + ops.cast(ops.sum(self.fc2_bias, axis=0), x.dtype)
 
+    def attention_maps(self, x):
+        """The attention maps `(batch, heads, length, length)` of input `x`,
+        averaged over the branches (each branch's maps joined at the
+        current λ): what attention-map distillation compares with a
+        teacher's (Non-Deep ViT §4)."""
+        return self.attention.attention_probabilities(self.norm1(x))
+
     def call(self, inputs, training=None):
         x = inputs
         branch = self.attention(self.norm1(x), training=training)

@@ -231,6 +231,12 @@ class ViTBlock(keras.layers.Layer):
             training,
         )
 
+    def attention_maps(self, x):
+        """The block's attention maps `(batch, heads, length, length)` for
+        its input `x`: `softmax(q kᵀ / sqrt(d))` of `LN1(x)`, as `call`
+        computes them (no dropout). For attention-map distillation."""
+        return self.attention.attention_probabilities(self.norm1(x))
+
     def mlp_branch(self, x, training=None):
         """`x + DropPath(LS2(FFN(LN2(x))))`."""
         return self._add(

@@ -200,18 +200,33 @@ class Distiller(keras.Model):
         return self.student.compute_output_shape(input_shape)
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "student": keras.saving.serialize_keras_object(self.student),
-            "teacher": keras.saving.serialize_keras_object(self.teacher),
-            "teacher_image_size": self.teacher_image_size,
-            "temperature": self.temperature,
-            "label_loss_weight": self.label_loss_weight,
-        }
+        return student_teacher_config(
+            self,
+            super().get_config(),
+            teacher_image_size=self.teacher_image_size,
+            temperature=self.temperature,
+            label_loss_weight=self.label_loss_weight,
+        )
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        for key in ("student", "teacher"):
-            config[key] = keras.saving.deserialize_keras_object(config[key])
-        return cls(**config)
+        return cls(**student_teacher_arguments(config))
+
+
+def student_teacher_config(model, base_config, **arguments):
+    """A distiller's config: its base config, the serialised student and
+    teacher, and its own `arguments`."""
+    return {
+        **base_config,
+        "student": keras.saving.serialize_keras_object(model.student),
+        "teacher": keras.saving.serialize_keras_object(model.teacher),
+        **arguments,
+    }
+
+
+def student_teacher_arguments(config):
+    """Constructor arguments from `student_teacher_config`'s output."""
+    config = dict(config)
+    for key in ("student", "teacher"):
+        config[key] = keras.saving.deserialize_keras_object(config[key])
+    return config

@@ -9,10 +9,13 @@ transforms a model (`with_image_size`, `load_official_jumbo`, `count_macs`,
 layer names.
 
 Layer attributes (always present; `None` where the variant has none):
-`patch_embedding`, `position_embedding`, `token_dropping`, `jumbo_token`,
-`registers`, `class_token`, `encoder` (a `TransformerEncoder`; `None` for
-`NonDeepViT`, whose blocks are `blocks`), `blocks`, `final_norm`, `pooling`,
-`head_dropout`, `classifier` (the Dense head; `None` without a top).
+`patch_embedding`, `position_embedding`, `flatten_patches`,
+`token_dropping`, `jumbo_token`, `registers`, `class_token`, `encoder` (a
+`TransformerEncoder`; `None` for `NonDeepViT`, whose blocks are `blocks`),
+`blocks`, `final_norm`, `pooling`, `head_dropout`, `classifier` (the Dense
+head; `None` without a top).
+`forward_with_attention_maps` runs the same layers in the same order and
+also returns chosen blocks' attention maps.
 """
 
 import logging
@@ -63,6 +66,7 @@ class VisionTransformerBase(ConfiguredModel):
     exposed_layers = (
         "patch_embedding",
         "position_embedding",
+        "flatten_patches",
         "token_dropping",
         "jumbo_token",
         "registers",
@@ -189,32 +193,17 @@ class VisionTransformerBase(ConfiguredModel):
                 name="head",
             )
 
+        self.flatten_patches = keras.layers.Reshape((-1, dim), name="flatten")
+
         # === Functional Model ===
         inputs = keras.Input(shape=input_shape, name="images")
-        x = self.patch_embedding(inputs)
-        x = self.position_embedding(x)
-        x = keras.layers.Reshape((-1, dim), name="flatten")(x)
-        x = self.token_dropping(x)
-        for prefix in (self.jumbo_token, self.registers, self.class_token):
-            if prefix is not None:
-                x = prefix(x)
+        x = self._embed(inputs)
         if self.encoder is not None:
             x = self.encoder(x)
         else:
             for block in self.blocks:
                 x = block(x)
-        if head == "jumbo":
-            # The paper's head: LayerNorm over the reassembled J*D token,
-            # then J*D -> classes (§3.2).
-            x = self.final_norm(self.pooling(x))
-        else:
-            # Official release / plain ViT: LayerNorm (width D) on every
-            # token, then pooling.
-            x = self.pooling(self.final_norm(x))
-        if self.head_dropout is not None:
-            x = self.head_dropout(x)
-        if self.classifier is not None:
-            x = self.classifier(x)
+        x = self._head(x)
 
         # === Config ===
         config = dict(config)
@@ -224,6 +213,91 @@ class VisionTransformerBase(ConfiguredModel):
         if "data_format" in config:
             config["data_format"] = data_format
         self._finish(inputs, x, config, name, kwargs)
+
+    # --- the forward pass in parts (the functional graph is built from
+    # the same methods) ----------------------------------------------------
+    def _embed(self, images, training=None):
+        """Images -> the token sequence the first block reads."""
+        x = self.patch_embedding(images)
+        x = self.position_embedding(x)
+        x = self.flatten_patches(x)
+        x = self.token_dropping(x, training=training)
+        for prefix in (self.jumbo_token, self.registers, self.class_token):
+            if prefix is not None:
+                x = prefix(x)
+        return x
+
+    def _run_block(self, block, x, training=None):
+        if isinstance(block, JumboBlock):
+            return block(
+                x,
+                training=training,
+                shared_jumbo_mlp=self.encoder.shared_jumbo_mlp,
+            )
+        return block(x, training=training)
+
+    def _head(self, x, training=None):
+        """The last block's tokens -> the model's output."""
+        if self.pooling.mode == "jumbo":
+            # The paper's head: LayerNorm over the reassembled J*D token,
+            # then J*D -> classes (§3.2).
+            x = self.final_norm(self.pooling(x))
+        else:
+            # Official release / plain ViT: LayerNorm (width D) on every
+            # token, then pooling.
+            x = self.pooling(self.final_norm(x))
+        if self.head_dropout is not None:
+            x = self.head_dropout(x, training=training)
+        if self.classifier is not None:
+            x = self.classifier(x)
+        return x
+
+    def forward_with_attention_maps(self, images, blocks=(-1,), training=None):
+        """The model's output and the attention maps of some blocks.
+
+        One forward pass, the same computation as calling the model; the
+        maps are each listed block's `attention_maps` of its input
+        (`(batch, heads, tokens, tokens)`, rows summing to 1; a Non-Deep ViT
+        block gives its branches' average). For attention-map distillation
+        (`keras_jumbo.losses.AttentionMapDistiller`).
+
+        Args:
+            images: a batch the model takes.
+            blocks: indices into `model.blocks` (negative from the end).
+            training: bool, passed to every layer.
+
+        Returns:
+            `(outputs, [maps of blocks[0], maps of blocks[1], ...])`.
+
+        Example:
+        >>> model = ViT("pico", image_size=32, patch_size=8, num_classes=10)
+        >>> logits, (last,) = model.forward_with_attention_maps(
+        ...     np.zeros((2, 32, 32, 3)))
+        >>> tuple(last.shape)  # 16 patches + the class token, 3 heads
+        (2, 3, 17, 17)
+        """
+        depth = len(self.blocks)
+        wanted = []
+        for index in blocks:
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise TypeError(
+                    "`blocks` must be ints (block indices). "
+                    f"Received: blocks={blocks!r}"
+                )
+            if not -depth <= index < depth:
+                raise ValueError(
+                    f"Block index {index} is out of range for a model of "
+                    f"{depth} blocks. Received: blocks={blocks!r}"
+                )
+            wanted.append(index % depth)
+        self.check_input_shapes(images)
+        x = self._embed(images, training=training)
+        maps = {}
+        for i, block in enumerate(self.blocks):
+            if i in wanted:
+                maps[i] = block.attention_maps(x)
+            x = self._run_block(block, x, training=training)
+        return self._head(x, training=training), [maps[i] for i in wanted]
 
     def _build_blocks(self, graph, mlp_dim):
         """Blocks built by a subclass instead of the encoder (or None)."""

@@ -30,7 +30,7 @@ def mlp(x, layer):
     return dense(gelu(dense(x, layer.fc1)), layer.fc2)
 
 
-def attention(x, layer):
+def attention(x, layer, return_maps=False):
     b, n, d = x.shape
     h, hd = layer.num_heads, layer.head_dim
     qkv = dense(x, layer.qkv).reshape(b, n, 3, h, hd)
@@ -39,6 +39,8 @@ def attention(x, layer):
     scores = scores - scores.max(-1, keepdims=True)
     probs = np.exp(scores)
     probs = probs / probs.sum(-1, keepdims=True)
+    if return_maps:
+        return probs
     out = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, h * hd)
     return dense(out, layer.proj)
 

@@ -45,6 +45,14 @@ def test_attention_equals_keras_multi_head_attention(rng):
     core._output_dense.bias.assign(value(ours.proj.bias))
     assert_allclose(ours(x), core(x, x), atol=1e-5)
     assert_allclose(ours(x), reference.attention(x, ours), atol=1e-5)
+    # The maps `call` uses, readable for attention-map distillation.
+    _, core_maps = core(x, x, return_attention_scores=True)
+    assert_allclose(ours.attention_probabilities(x), core_maps, atol=1e-6)
+    assert_allclose(
+        ours.attention_probabilities(x),
+        reference.attention(x, ours, return_maps=True),
+        atol=1e-6,
+    )
 
 
 def test_attention_dropout_only_in_training(rng):

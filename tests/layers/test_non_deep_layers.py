@@ -21,8 +21,10 @@ def softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
-def reference_branch_attention(x, layer, lam):
-    """Non-Deep ViT eq. 4-7 / Algorithm 1 for n branches, values joined."""
+def reference_branch_attention(x, layer, lam, return_maps=False):
+    """Non-Deep ViT eq. 4-7 / Algorithm 1 for n branches, values joined.
+
+    With `return_maps`, also the attention maps averaged over branches."""
     n, h = layer.num_branches, layer.num_heads
     wq, wk, wv = (
         value(k)
@@ -39,7 +41,7 @@ def reference_branch_attention(x, layer, lam):
         k = np.einsum("sd,dhk->hsk", x, wk[b]) + bk[b][:, None]
         scores.append(np.einsum("hqk,hsk->hqs", q, k))  # X W_b X^T per head
         values.append(np.einsum("sd,dhk->hsk", x, wv[b]) + bv[b][:, None])
-    out = 0
+    out = maps = 0
     for b in range(n):
         others = sum(scores[c] for c in range(n) if c != b)
         joined = (scores[b] + lam * others) / (
@@ -48,7 +50,8 @@ def reference_branch_attention(x, layer, lam):
         v = values[b] + lam * sum(values[c] for c in range(n) if c != b)
         heads = np.einsum("hqs,hsk->hqk", softmax(joined), v)
         out = out + sum(heads[i] @ wo[b, i] for i in range(h)) + bo[b]
-    return out
+        maps = maps + softmax(joined) / n
+    return (out, maps) if return_maps else out
 
 
 def test_progressive_join_numbers():
@@ -112,6 +115,16 @@ def test_branch_attention_matches_the_papers_formulas(rng, n, lam):
         ]
     )
     assert_allclose(layer(x), expected, atol=1e-4)
+    maps = np.stack(
+        [
+            reference_branch_attention(
+                x[i].astype("float64"), layer, lam, return_maps=True
+            )[1]
+            for i in range(2)
+        ]
+    )
+    # The branch-averaged maps (attention-map distillation, §4).
+    assert_allclose(layer.attention_probabilities(x), maps, atol=1e-5)
 
 
 def test_parallel_branch_block_layer_checks():

@@ -392,3 +392,106 @@ def test_supernet_recipe_refuses_streamed_data_without_search_images():
 
     with pytest.raises(SystemExit, match="held-out search images"):
         resnas.main(["--data-dir", "/nonexistent"])
+
+
+def test_non_deep_stages_follow_the_paper():
+    from recipes import non_deep_vit
+
+    pre = non_deep_vit.pretrain("6x2")
+    assert (pre.epochs, pre.batch_size, pre.learning_rate) == (300, 1024, 1e-3)
+    assert (pre.weight_decay, pre.warmup_fraction) == (0.05, 5 / 300)
+    join = non_deep_vit.join("6x2")
+    assert join.epochs == 48  # 60k steps of ImageNet-1K at batch 1024
+    # λ: 10k-step linear warm-up once the run holds it and the 50k-step
+    # adjustment; shorter runs warm up over 60% of their steps.
+    (schedule,) = join.callbacks(None, None, 48 * 1252)
+    assert (schedule.schedule, schedule.warmup_steps) == ("linear", 10_000)
+    assert non_deep_vit.join_warmup_steps(1000) == 600
+    fine = non_deep_vit.finetune("6x2")
+    assert (fine.epochs, fine.learning_rate, fine.weight_decay) == (
+        300,
+        1e-3,
+        0.05,
+    )
+    assert (fine.mixup_alpha, fine.cutmix_alpha, fine.needs_init) == (
+        0.2,
+        0.0,
+        True,
+    )
+    with pytest.raises(ValueError, match="attention-teacher"):
+        non_deep_vit.recipe("6x2", "join", teacher="vit.keras")
+
+
+class _Record(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.trained = self.model
+
+
+def test_non_deep_stages_chain_pretrain_join_finetune(tmp_path):
+    """Tiny settings: pretrain (attention-map distillation from a small ViT)
+    -> join (λ to 1) -> reparameterise -> fine-tune the plain model."""
+    from keras_jumbo import convert
+    from keras_jumbo import losses
+    from keras_jumbo.layers import ParallelBranchBlock
+    from recipes import non_deep_vit
+
+    out = {s: str(tmp_path / s) for s in non_deep_vit.STAGES}
+    seen = _Record()
+    pre = common.run(
+        non_deep_vit.recipe("6x2", "pretrain"),
+        SMALL + ["--output-dir", out["pretrain"], "--verbose", "0"],
+        extra_callbacks=[seen],
+    )
+    assert isinstance(seen.trained, losses.AttentionMapDistiller)
+    branchy = keras.saving.load_model(
+        os.path.join(out["pretrain"], "model.keras")
+    )
+    assert isinstance(branchy, models.NonDeepViT)
+    assert set(convert.get_join_lambda(branchy)) == {0.0}  # unjoined
+    assert pre["epochs"] == 1
+
+    joined = common.run(
+        non_deep_vit.recipe("6x2", "join"),
+        SMALL
+        + [
+            "--init",
+            os.path.join(out["pretrain"], "model.keras"),
+            "--output-dir",
+            out["join"],
+            "--verbose",
+            "0",
+        ],
+    )
+    assert joined["plain_layers"] == 3
+    # The reparameterised model computes what the joined one does.
+    assert joined["plain_val_accuracy"] == joined["val_accuracy"]
+    plain_path = os.path.join(out["join"], "plain.keras")
+    assert not any(
+        isinstance(layer, ParallelBranchBlock)
+        for layer in keras.saving.load_model(plain_path).layers
+    )
+
+    fine = common.run(
+        non_deep_vit.recipe("6x2", "finetune"),
+        SMALL
+        + [
+            "--init",
+            plain_path,
+            "--output-dir",
+            out["finetune"],
+            "--verbose",
+            "0",
+        ],
+    )
+    assert fine["epochs"] == 1 and 0.0 <= fine["val_accuracy"] <= 1.0
+    tuned = keras.saving.load_model(
+        os.path.join(out["finetune"], "model.keras")
+    )
+    assert len(tuned.weights) == len(
+        keras.saving.load_model(plain_path).weights
+    )
+    with pytest.raises(ValueError, match="--init plain.keras"):
+        common.run(
+            non_deep_vit.recipe("6x2", "finetune"),
+            SMALL + ["--output-dir", str(tmp_path / "none")],
+        )
