@@ -30,7 +30,6 @@ Commands (2 CPU cores):
 """
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -41,6 +40,10 @@ import numpy as np
 from keras_jumbo import data
 from keras_jumbo import models
 from keras_jumbo.schedules import warmup_cosine
+from recipes.time_series import appender
+from recipes.time_series import load_records
+from recipes.time_series import mean_std
+from recipes.time_series import reuse_or_run
 
 # name -> (loader, patch size, epochs)
 DATASETS = ("fashion_mnist", "digits")
@@ -152,23 +155,10 @@ def train_one(
     }
 
 
-def load_records(path):
-    if not path or not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def _key(record):
     return tuple(
         record[k] for k in ("dataset", "model", "size", "seed", "epochs")
     )
-
-
-def mean_std(values):
-    values = np.asarray(values, dtype="float64")
-    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
-    return float(values.mean()), std
 
 
 def summarize(records):
@@ -238,6 +228,7 @@ def comparison_markdown(summary, datasets, sizes):
 
 def write_results(path, args):
     done = {_key(r): r for r in load_records(args.records)}
+    append = appender(args.records)
     kept, missing = [], []
     for dataset in args.datasets:
         for size in args.sizes:
@@ -245,23 +236,21 @@ def write_results(path, args):
                 for model in COMPARED:
                     epochs = EPOCHS[dataset]
                     key = (dataset, model, size, seed, epochs)
-                    if key in done:
-                        kept.append(done[key])
-                        continue
-                    if args.from_records:
-                        missing.append(f"{dataset}/{size}/{model}/seed {seed}")
-                        continue
-                    record = train_one(dataset, model, size, seed)
-                    print(
-                        f"{dataset} {size} {model} seed {seed}: "
-                        f"{100 * record['test_accuracy']:.2f}% "
-                        f"({record['train_seconds'] / 60:.1f} min)",
-                        flush=True,
+                    label = f"{dataset}/{size}/{model}/seed {seed}"
+                    record = reuse_or_run(
+                        [done[key]] if key in done else [],
+                        lambda: train_one(dataset, model, size, seed),  # noqa: B023
+                        args.from_records,
+                        append,
+                        lambda r, label=label: (
+                            f"{label}: "
+                            f"{100 * r['test_accuracy']:.2f}% "
+                            f"({r['train_seconds'] / 60:.1f} min)"
+                        ),
                     )
-                    if args.records:
-                        with open(args.records, "a") as handle:
-                            handle.write(json.dumps(record) + "\n")
-                    kept.append(record)
+                    (missing if record is None else kept).append(
+                        record or label
+                    )
     lines = [
         "# Image results",
         "",

@@ -414,7 +414,31 @@ def load_records(path):
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _appender(path):
+def reuse_or_run(previous, run, from_records, append, report):
+    """The last of the `previous` matching records; else, when not only
+    reading records, a new run's record (`run()`), appended and reported
+    (`print(report(record))`); else None (the run is missing)."""
+    if previous:
+        return previous[-1]
+    if from_records:
+        return None
+    record = run()
+    print(report(record), flush=True)
+    append(record)
+    return record
+
+
+def mean_std(values):
+    """Mean and sample standard deviation (ddof=1; 0 for one value)."""
+    values = np.asarray(values, dtype="float64")
+    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return float(values.mean()), std
+
+
+def appender(path):
+    """`append(record)`: one JSON line per finished run (no-op without a
+    path); the trained model and data in a record are left out."""
+
     def append(record):
         if path:
             kept = {
@@ -436,7 +460,7 @@ FORECASTERS = (
 def write_results(path, args):
     start = time.perf_counter()
     done = load_records(args.records)
-    append = _appender(args.records)
+    append = appender(args.records)
     train = not args.from_records
     # Forecasting first (a few minutes), then the long classification sweep.
     forecasts = []
@@ -519,7 +543,7 @@ def write_results(path, args):
         dropouts=args.dropouts,
         epochs=args.epochs,
         done=[r for r in done if r.get("kind", "classification") != "forecast"],
-        on_record=_appender(args.records),
+        on_record=appender(args.records),
         train=train,
     )
     # A (dataset, patches) table needs every run of its sweep.
@@ -645,9 +669,7 @@ def fusion_summary(records):
     for key, runs in groups.items():
         row = {"n": len(runs), "params": runs[0]["params"]}
         for metric in ("mse", "mae", "seconds"):
-            values = np.array([r[metric] for r in runs], dtype="float64")
-            std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
-            row[metric] = (float(values.mean()), std)
+            row[metric] = mean_std([r[metric] for r in runs])
         summary[key] = row
     return summary
 
@@ -657,7 +679,7 @@ def write_fusion_results(path, args):
     from keras_jumbo.layers.multi_scale_patch_fusion import FUSION_MODES
 
     done = load_records(args.records)
-    append = _appender(args.records)
+    append = appender(args.records)
     kept = []
     missing = []
     for dataset in args.fusion_datasets:
@@ -671,21 +693,18 @@ def write_fusion_results(path, args):
                         r, dataset, fusion, seed, budget, FUSION_WIDTH
                     )
                 ]
-                if same:
-                    kept.append(same[-1])
-                    continue
-                if args.from_records:
-                    missing.append(f"{dataset}/{fusion}/seed {seed}")
-                    continue
-                record = fusion_run(dataset, fusion, seed, budget)
-                print(
-                    f"fusion {dataset} {fusion} seed {seed}: "
-                    f"mse={record['mse']:.4f} mae={record['mae']:.4f} "
-                    f"({record['seconds'] / 60:.1f} min)",
-                    flush=True,
+                label = f"{dataset}/{fusion}/seed {seed}"
+                record = reuse_or_run(
+                    same,
+                    lambda: fusion_run(dataset, fusion, seed, budget),  # noqa: B023
+                    args.from_records,
+                    append,
+                    lambda r, label=label: (
+                        f"fusion {label}: mse={r['mse']:.4f}"
+                        f" mae={r['mae']:.4f} ({r['seconds'] / 60:.1f} min)"
+                    ),
                 )
-                append(record)
-                kept.append(record)
+                (missing if record is None else kept).append(record or label)
     summary = fusion_summary(kept)
     lines = [
         "# MS-PatchTST fusion: per_step vs per_horizon_step vs flatten",

@@ -100,7 +100,7 @@ def test_sweep_resumes_from_records(tmp_path):
         "seconds": 1.0,
     }
     path = tmp_path / "runs.jsonl"
-    recipe._appender(str(path))(done)
+    recipe.appender(str(path))(done)
     assert recipe.load_records(str(path)) == [done]
     messages = []
     records = recipe.sweep(
@@ -154,7 +154,7 @@ def test_fusion_summary_is_mean_and_sample_std_over_seeds():
 
 def test_fusion_study_reuses_matching_records_and_lists_missing(tmp_path):
     records = tmp_path / "fusion.jsonl"
-    append = recipe._appender(str(records))
+    append = recipe.appender(str(records))
     for seed, mse in ((0, 0.20), (1, 0.22)):
         append(_fusion_record("electricity", "per_step", seed, mse))
         append(_fusion_record("electricity", "per_horizon_step", seed, 0.1))

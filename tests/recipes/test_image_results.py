@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -48,7 +50,7 @@ def test_summary_and_document_from_records(tmp_path):
     assert mean == pytest.approx(0.92)
     assert std == pytest.approx(np.std([0.90, 0.94], ddof=1))
     path = tmp_path / "runs.jsonl"
-    path.write_text("".join(recipe.json.dumps(r) + "\n" for r in records))
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
     doc = tmp_path / "image_results.md"
     recipe.main(
         [
