@@ -255,9 +255,11 @@ class VisionTransformerBase(ConfiguredModel):
     def forward_with_attention_maps(self, images, blocks=(-1,), training=None):
         """The model's output and the attention maps of some blocks.
 
-        One forward pass, the same computation as calling the model; the
-        maps are each listed block's `attention_maps` of its input
-        (`(batch, heads, tokens, tokens)`, rows summing to 1; a Non-Deep ViT
+        One pass through the model, the same computation as calling it;
+        for each listed block, `attention_maps` of its input recomputes
+        that block's q/k projections and softmax once more (the block's
+        call does not return its maps). The maps are
+        `(batch, heads, tokens, tokens)`, rows summing to 1 (a Non-Deep ViT
         block gives its branches' average). For attention-map distillation
         (`keras_jumbo.losses.AttentionMapDistiller`).
 
