@@ -186,6 +186,28 @@ def test_fusion_study_reuses_matching_records_and_lists_missing(tmp_path):
     assert "electricity/flatten/seed 0, electricity/flatten/seed 1" in text
     assert "lowest mean test MSE per_horizon_step (0.1000 ± 0.0000" in text
     assert "beyond one std of per_step" in text
+    assert "**Default:** per_horizon_step beat(s) `per_step`" in text
+
+
+def test_fusion_default_stays_unless_beaten_beyond_std_on_every_set():
+    def row(mse, std):
+        return {"mse": (mse, std), "n": 3}
+
+    fusions = ("per_step", "per_horizon_step", "flatten")
+    summary = {
+        ("a", "per_step"): row(0.50, 0.01),
+        ("a", "per_horizon_step"): row(0.40, 0.01),  # better beyond std
+        ("a", "flatten"): row(0.90, 0.10),
+        ("b", "per_step"): row(0.30, 0.01),
+        ("b", "per_horizon_step"): row(0.295, 0.01),  # within std
+        ("b", "flatten"): row(0.31, 0.01),
+    }
+    text = recipe._fusion_default(summary, ["a", "b"], fusions)
+    assert text.startswith("**Default:** `per_step` stays")
+    assert "per_horizon_step 0.1000, flatten 0.4000" in text
+    summary[("b", "per_horizon_step")] = row(0.20, 0.01)
+    text = recipe._fusion_default(summary, ["a", "b"], fusions)
+    assert text.startswith("**Default:** per_horizon_step beat(s)")
 
 
 def test_fusion_run_scores_the_whole_test_split():

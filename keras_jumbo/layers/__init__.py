@@ -5,12 +5,14 @@ from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.channel_mask import ApplyChannelMask
 from keras_jumbo.layers.channel_mask import ChannelMask
 from keras_jumbo.layers.class_token import ClassToken
+from keras_jumbo.layers.closed_form import closed_form_layer_norm
 from keras_jumbo.layers.fold_channels import FoldChannels
 from keras_jumbo.layers.imagenet_preprocessing import ImageNetPreprocessing
 from keras_jumbo.layers.jumbo_block import JumboBlock
 from keras_jumbo.layers.jumbo_token import JumboToken
 from keras_jumbo.layers.jumbo_token import jumbo_merge
 from keras_jumbo.layers.jumbo_token import jumbo_split
+from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.layer_scale import LayerScale
 from keras_jumbo.layers.masked_layer_norm import MaskedLayerNorm
 from keras_jumbo.layers.masked_vit_block import MaskedViTBlock
@@ -54,6 +56,7 @@ __all__ = [
     "JumboBlock",
     "JumboToken",
     "LayerScale",
+    "LayerNormalization",
     "MaskedLayerNorm",
     "MaskedViTBlock",
     "ResidualSpatialReduction",
@@ -68,6 +71,7 @@ __all__ = [
     "TokenPooling",
     "TransformerEncoder",
     "ViTBlock",
+    "closed_form_layer_norm",
     "jumbo_merge",
     "jumbo_split",
 ]

@@ -6,6 +6,7 @@ from keras import ops
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers.closed_form import softmax
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -159,7 +160,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         """The attention maps `(batch, heads, length, length)` (rows sum to
         1, before attention dropout) of `inputs`, as `call` computes them."""
         q, k, _ = self._qkv(inputs)
-        return ops.softmax(self._scores(q, k, previous_scores), axis=-1)
+        return softmax(self._scores(q, k, previous_scores), axis=-1)
 
     def call(
         self,
@@ -173,7 +174,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         heads, head_dim, dim = self.num_heads, self.head_dim, self.hidden_dim
         q, k, v = self._qkv(x)
         scores = self._scores(q, k, previous_scores)
-        probs = ops.softmax(scores, axis=-1)
+        probs = softmax(scores, axis=-1)
         probs = self.attention_dropout(probs, training=training)
         out = ops.einsum("bhqs,bhsk->bhqk", probs, v)
         if head_mask is not None:

@@ -6,6 +6,7 @@ from keras import ops
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers.closed_form import softmax
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 
 
@@ -233,7 +234,7 @@ class BlockwiseMHSA(keras.layers.Layer):
         if n == 1:
             scale = 1.0 / math.sqrt(self._key_dim)
             scores = ops.einsum("bhqk,bhsk->bhqs", queries[0], keys[0])
-            return [ops.softmax(scores * scale, axis=-1)]
+            return [softmax(scores * scale, axis=-1)]
         scale = ops.cast(self.join.score_scale(self._key_dim), x.dtype)
         lam = ops.cast(self.join.join_lambda, x.dtype)
         all_keys = ops.concatenate(keys, axis=-1)
@@ -244,7 +245,7 @@ class BlockwiseMHSA(keras.layers.Layer):
                 axis=-1,
             )
             scores = ops.einsum("bhqc,bhsc->bhqs", mixed, all_keys)
-            probabilities.append(ops.softmax(scores * scale, axis=-1))
+            probabilities.append(softmax(scores * scale, axis=-1))
         return probabilities
 
     def attention_probabilities(self, inputs):

@@ -34,7 +34,11 @@ class MultiScalePatchFusion(keras.layers.Layer):
     The default follows the paper's equation: it is the fusion the paper
     describes and analyses ("weights the contribution of each scale"),
     it adds almost no parameters, and it starts as the average of the
-    scales.
+    scales. The fusion study (`docs/fusion_results.md`: electricity and
+    Appliances Energy, 3 seeds each) measured it: `per_horizon_step` ends
+    within 1e-4 test MSE of it (its weights stay near the shared average
+    at those budgets) and `flatten` is clearly worse (test MSE 0.063 vs
+    0.050 on electricity, 1.6 vs 0.44 on Appliances).
 
     Args:
         mode: `"per_step"`, `"per_horizon_step"` or `"flatten"`.

@@ -7,6 +7,7 @@ from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.blockwise_mhsa import pairwise_cosine_squared
+from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 
@@ -88,7 +89,7 @@ class ParallelBranchBlock(keras.layers.Layer):
         self._activation_fn = get_activation(activation)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         common = dict(dtype=self.dtype_policy)
-        self.norm1 = keras.layers.LayerNormalization(
+        self.norm1 = LayerNormalization(
             epsilon=self.layer_norm_epsilon, name="norm1", **common
         )
         self.attention = BlockwiseMHSA(
@@ -103,7 +104,7 @@ class ParallelBranchBlock(keras.layers.Layer):
             name="attention",
             **common,
         )
-        self.norm2 = keras.layers.LayerNormalization(
+        self.norm2 = LayerNormalization(
             epsilon=self.layer_norm_epsilon, name="norm2", **common
         )
         self.mlp_join = ProgressiveJoin(

@@ -4,6 +4,7 @@ from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
+from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
 from keras_jumbo.layers.vit_block import block_config
@@ -115,7 +116,7 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
                 dtype=self.dtype_policy,
                 name=name,
             )
-        return keras.layers.LayerNormalization(
+        return LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
 

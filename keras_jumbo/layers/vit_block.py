@@ -7,6 +7,7 @@ from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
+from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.layer_scale import LayerScale
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
@@ -136,7 +137,7 @@ class ViTBlock(keras.layers.Layer):
 
     # --- construction (subclasses reuse these) --------------------------
     def _norm(self, name):
-        return keras.layers.LayerNormalization(
+        return LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
 

@@ -40,6 +40,7 @@ from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.layers._utils import to_pair
+from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.models.vit_sizes import VIT_SIZES
@@ -175,7 +176,7 @@ class VisionTransformerBase(ConfiguredModel):
         else:
             self.encoder = None
             self.blocks = blocks
-        self.final_norm = keras.layers.LayerNormalization(
+        self.final_norm = LayerNormalization(
             epsilon=g["layer_norm_epsilon"], name="final_norm"
         )
         self.pooling = TokenPooling(head, num_prefix, name="pooling")

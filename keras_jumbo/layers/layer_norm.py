@@ -1,0 +1,44 @@
+import keras
+from keras import ops
+
+from keras_jumbo.layers.closed_form import closed_form_gradients
+from keras_jumbo.layers.closed_form import closed_form_layer_norm
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class LayerNormalization(keras.layers.LayerNormalization):
+    """`keras.layers.LayerNormalization` with a written-out gradient on JAX.
+
+    Same arguments, weights (`gamma`, `beta`), config and forward function
+    as the Keras layer; the library's blocks and models use it. On JAX,
+    with a last-axis `center=True, scale=True` normalisation, the backward
+    pass is `keras_jumbo.layers.closed_form_layer_norm`'s instead of
+    autodiff through `ops.moments`: XLA:CPU fused autodiff's broadcast
+    chain through the residual stream of every block before it, so a
+    12-layer ViT-Tiny training step at 224 px spent about a third of its
+    time there (`benchmarks/profile_train_step.py`). Outputs and gradients
+    agree with the Keras layer to float32 rounding (tested). Elsewhere
+    (PyTorch: `F.layer_norm` with its fused backward already; TensorFlow;
+    other axes, `rms_scaling`) it is the Keras layer.
+
+    Example:
+    >>> norm = LayerNormalization(epsilon=1e-6)
+    >>> norm(np.ones((2, 3, 4))).shape
+    (2, 3, 4)
+    """
+
+    def _closed_form(self, inputs):
+        if not closed_form_gradients():
+            return False
+        if self.rms_scaling or not (self.center and self.scale):
+            return False
+        rank = len(inputs.shape)
+        return list(self.axis) in ([rank - 1], [-1])
+
+    def call(self, inputs):
+        if not self._closed_form(inputs):
+            return super().call(inputs)
+        outputs = closed_form_layer_norm(
+            inputs, self.gamma, self.beta, self.epsilon
+        )
+        return ops.cast(outputs, self.compute_dtype)
