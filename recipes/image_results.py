@@ -954,8 +954,9 @@ def write_results(path, args):
         f"{keras.__version__} / " + ", ".join(_backends(kept)) + ". Settings "
         "and data: `recipes/image_results.py`. Throughput columns were "
         "measured inside the runs, often while another study shared the 2 "
-        "cores: compare them within a table at most; `benchmarks/` has the "
-        "controlled speed measurements.",
+        "cores or while the run was paused for a benchmark: they are "
+        "indications only; `benchmarks/` has the controlled speed "
+        "measurements.",
         "",
     ]
     for section in args.sections:

@@ -29,6 +29,31 @@ def test_one_run_scores_the_whole_test_split():
     assert record["backend"] == keras.backend.backend()
 
 
+def _document_from_records(tmp_path, records):
+    """The results document written from `records` alone (digits, pico,
+    seeds 0 and 1), as `main` writes it."""
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    doc = tmp_path / "image_results.md"
+    recipe.main(
+        [
+            "--records",
+            str(path),
+            "--from-records",
+            "--results",
+            str(doc),
+            "--datasets",
+            "digits",
+            "--sizes",
+            "pico",
+            "--seeds",
+            "0",
+            "1",
+        ]
+    )
+    return doc.read_text()
+
+
 def test_summary_and_document_from_records(tmp_path):
     def run(model, seed, accuracy):
         return dict(
@@ -51,26 +76,7 @@ def test_summary_and_document_from_records(tmp_path):
     mean, std = summary[("digits", "pico", "jumbo")]["accuracy"]
     assert mean == pytest.approx(0.92)
     assert std == pytest.approx(np.std([0.90, 0.94], ddof=1))
-    path = tmp_path / "runs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    doc = tmp_path / "image_results.md"
-    recipe.main(
-        [
-            "--records",
-            str(path),
-            "--from-records",
-            "--results",
-            str(doc),
-            "--datasets",
-            "digits",
-            "--sizes",
-            "pico",
-            "--seeds",
-            "0",
-            "1",
-        ]
-    )
-    text = doc.read_text()
+    text = _document_from_records(tmp_path, records)
     assert "| pico | jumbo | 10 | 2.0M | 92.00 ± 2.83 | 100 | 2 |" in text
     assert "Jumbo − Registers = +12.00 points" in text
     assert "Runs trained on Keras" in text and "/ jax." in text
@@ -187,26 +193,7 @@ def test_ablation_sections_from_records(tmp_path):
     assert "Table 6: joined 6x2 vs plain 6-layer: +6.00 points" in deep
     assert "6x2_linear ahead" in deep
     assert "plain ViT-12 | 12 | | | | | | 0 |" in deep
-    path = tmp_path / "runs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    doc = tmp_path / "doc.md"
-    recipe.main(
-        [
-            "--records",
-            str(path),
-            "--from-records",
-            "--results",
-            str(doc),
-            "--datasets",
-            "digits",
-            "--sizes",
-            "pico",
-            "--seeds",
-            "0",
-            "1",
-        ]
-    )
-    text = doc.read_text()
+    text = _document_from_records(tmp_path, records)
     for title in ("(Table 3)", "(§4.2)", "(Tables 1, 5, 6)"):
         assert title in text
     assert "non_deep:digits/tiny/non_deep/plain12/seed 0" in text
