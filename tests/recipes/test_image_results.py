@@ -235,6 +235,8 @@ def test_resnas_section_from_records():
             kind="resnas",
             seed=seed,
             test_accuracy=searched,
+            search_accuracy=searched + 0.05,
+            random_search_search_accuracy=random_pick + 0.04,
             random_search_test_accuracy=random_pick,
             random_test_accuracies=randoms,
             largest_test_accuracy=0.9,
@@ -256,3 +258,17 @@ def test_resnas_section_from_records():
     assert "Evolutionary − random search: +0.50 points" in text
     assert "search ahead in 1 of 2 seeds" in text
     assert "Evolutionary − mean random sub-network: +8.00 points" in text
+    # Search vs random: +0.50 points, largest std 3.54 (0.78, 0.83).
+    assert "test split: +0.50 points (largest std 3.54): within the" in text
+    assert "evolutionary pick scored +1.50 points vs the random" in text
+    assert "span 2.00 points of test accuracy per seed" in text
+
+
+def test_no_verdict_from_one_seed():
+    one = {"accuracy": (0.90, 0.0), "seeds": 1}
+    three = {"accuracy": (0.80, 0.01), "seeds": 3}
+    assert (
+        recipe._verdict(one, three, ("a", "b"))[2] == "no verdict yet (1 seed)"
+    )
+    gap, spread, words = recipe._verdict(dict(one, seeds=3), three, ("a", "b"))
+    assert (gap, spread, words) == (pytest.approx(10.0), 1.0, "a ahead")
