@@ -12,7 +12,8 @@ Thunks run on a pool of threads (2 here), so the summed thunk time can
 exceed the step's wall time; the shares are of the summed time.
 
     KERAS_BACKEND=jax python benchmarks/profile_train_step.py \\
-        [--model official_jumbo_pico] [--batch 32] [--image-size 128]
+        [--model official_jumbo_pico] [--batch 32] [--image-size 128] \\
+        [--step train|predict]
 
 Models: `official_jumbo_pico` (the `vs_official.py` model), `vit_pico`,
 `registers_pico`, `non_deep_6x2` (224 px in the paper; any size here) and
@@ -89,14 +90,16 @@ def hlo_metadata(text):
     return names
 
 
-def classify(op_name):
+def classify(op_name, step="train"):
     """`(phase, layer, op)` of an HLO op_name such as
     `jit(train_step)/transpose(jvp(jumbo_block_2))/attention/dot_general`."""
     if not op_name:
         return "other", "(no metadata)", "?"
     parts = op_name.split("/")[1:]  # drop jit(train_step)
     text = "/".join(parts)
-    if "transpose(" in text:
+    if step == "predict":
+        phase = "forward"
+    elif "transpose(" in text:
         phase = "backward"
     elif "jvp(" in text:
         phase = "forward"
@@ -140,21 +143,25 @@ def profile(args):
     rng = np.random.default_rng(0)
     x = rng.random((args.batch, args.image_size, args.image_size, 3), "float32")
     y = rng.integers(0, args.num_classes, args.batch)
+    if args.step == "train":
+        step = lambda: model.train_on_batch(x, y)  # noqa: E731
+    else:
+        step = lambda: model.predict_on_batch(x)  # noqa: E731
     for _ in range(3):
-        model.train_on_batch(x, y)
+        step()
     start = time.perf_counter()
     for _ in range(args.steps):
-        model.train_on_batch(x, y)
+        step()
     step_ms = (time.perf_counter() - start) / args.steps * 1e3
     trace_dir = tempfile.mkdtemp(prefix="jax_trace_")
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         for _ in range(args.steps):
-            model.train_on_batch(x, y)
+            step()
     (trace,) = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
     with gzip.open(trace) as handle:
         events = json.load(handle)["traceEvents"]
     (module,) = sorted(
-        glob.glob(f"{dump}/*jit_train_step.cpu_after_optimizations.txt"),
+        glob.glob(f"{dump}/*jit_{args.step}_step.cpu_after_optimizations.txt"),
         key=os.path.getsize,
     )[-1:]
     with open(module) as handle:
@@ -173,6 +180,7 @@ def profile(args):
         metadata=metadata,
         events=events,
         steps=args.steps,
+        step=args.step,
     )
 
 
@@ -181,7 +189,9 @@ def tables(result, top):
     total = sum(result["thunk_us"].values()) / steps / 1e3
     rows = []
     for name, us in result["thunk_us"].items():
-        phase, layer, op = classify(result["metadata"].get(name))
+        phase, layer, op = classify(
+            result["metadata"].get(name), result["step"]
+        )
         kind = name.rsplit(".", 1)[0]
         rows.append((us / steps / 1e3, name, phase, layer, op, kind))
 
@@ -196,7 +206,8 @@ def tables(result, top):
         return lines
 
     out = [
-        f"train step wall time {result['step_ms']:.1f} ms; summed thunk "
+        f"{result['step']} step wall time {result['step_ms']:.1f} ms; "
+        "summed thunk "
         f"time {total:.1f} ms per step ({len(rows)} thunks)",
         "",
     ]
@@ -213,6 +224,13 @@ def tables(result, top):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=MODELS, default=MODELS[0])
+    parser.add_argument(
+        "--step",
+        choices=("train", "predict"),
+        default="train",
+        help="profile Keras' compiled train step (forward, backward, "
+        "AdamW) or its predict step (forward only)",
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--num-classes", type=int, default=1000)

@@ -231,21 +231,27 @@ class BlockwiseMHSA(keras.layers.Layer):
             self._project(x, self.key_kernel, self.key_bias, b)
             for b in range(n)
         ]
+        # The score scale is applied to the queries, not to the
+        # (batch, heads, q, s) scores: a traced scale times the scores was
+        # a separate broadcast pass over them on XLA:CPU (about a quarter
+        # of the branchy model's inference time at 224 px).
         if n == 1:
             scale = 1.0 / math.sqrt(self._key_dim)
-            scores = ops.einsum("bhqk,bhsk->bhqs", queries[0], keys[0])
-            return [softmax(scores * scale, axis=-1)]
+            scores = ops.einsum("bhqk,bhsk->bhqs", queries[0] * scale, keys[0])
+            return [softmax(scores, axis=-1)]
         scale = ops.cast(self.join.score_scale(self._key_dim), x.dtype)
-        lam = ops.cast(self.join.join_lambda, x.dtype)
+        cross = ops.cast(self.join.join_lambda, x.dtype) * scale
+        scaled = [q * scale for q in queries]
+        crossed = [q * cross for q in queries]
         all_keys = ops.concatenate(keys, axis=-1)
         probabilities = []
         for b in range(n):
             mixed = ops.concatenate(
-                [q if c == b else lam * q for c, q in enumerate(queries)],
+                [scaled[c] if c == b else crossed[c] for c in range(n)],
                 axis=-1,
             )
             scores = ops.einsum("bhqc,bhsc->bhqs", mixed, all_keys)
-            probabilities.append(softmax(scores * scale, axis=-1))
+            probabilities.append(softmax(scores, axis=-1))
         return probabilities
 
     def attention_probabilities(self, inputs):
