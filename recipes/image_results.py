@@ -591,8 +591,23 @@ def _accuracy_cell(row):
     return f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
+def _answer(hits, total):
+    """yes / partly / no for `hits` of `total` cases ("not yet" for 0)."""
+    if not total:
+        return "not yet (too few runs)"
+    return "yes" if hits == total else ("partly" if hits else "no")
+
+
+def _which(hits, cases):
+    """`"k of n: a, b"`, the cases where a claim held."""
+    return f"{len(hits)} of {len(cases)}" + (
+        f": {', '.join(hits)}" if hits else ""
+    )
+
+
 def comparison_markdown(summary, datasets, sizes):
     lines = []
+    verdicts = {}
     for dataset in datasets:
         lines += [
             f"### {dataset}",
@@ -620,11 +635,31 @@ def comparison_markdown(summary, datasets, sizes):
                 gap, spread, verdict = _verdict(
                     jumbo, registers, ("Jumbo", "Registers")
                 )
+                if not verdict.startswith("no verdict"):
+                    verdicts[(dataset, size)] = (gap, verdict)
                 lines.append(
                     f"- {size}: Jumbo − Registers = {gap:+.2f} points "
                     f"(largest std {spread:.2f}): {verdict}."
                 )
         lines.append("")
+    ahead = [k for k, (_, words) in verdicts.items() if words == "Jumbo ahead"]
+    narrow = [
+        d
+        for d in datasets
+        if (d, "pico") in verdicts and (d, "nano") in verdicts
+    ]
+    wider_gap = [
+        d for d in narrow if verdicts[(d, "pico")][0] > verdicts[(d, "nano")][0]
+    ]
+    lines += [
+        f"**Does the claim hold here?** Jumbo beats Registers: "
+        f"{_answer(len(ahead), len(verdicts))} (beyond the seed spread in "
+        f"{len(ahead)} of {len(verdicts)} (set, width) pairs with >= "
+        f"{MIN_SEEDS_FOR_VERDICT} seeds). Most at the narrower width: "
+        f"{_answer(len(wider_gap), len(narrow))} (pico gap larger than nano "
+        f"gap on {len(wider_gap)} of {len(narrow)} sets).",
+        "",
+    ]
     return lines
 
 
@@ -660,6 +695,7 @@ def jumbo_ffn_markdown(records):
         )
     lines.append("")
     reference = rows.get("per_layer")
+    costs = {}
     for variant, row in rows.items():
         if variant == "per_layer" or reference is None:
             continue
@@ -669,6 +705,16 @@ def jumbo_ffn_markdown(records):
             f"{spread:.2f}): {verdict}; parameters "
             f"{row['params'] / reference['params']:.2f}x."
         )
+        if not verdict.startswith("no verdict"):
+            costs[variant] = verdict != "per_layer ahead"
+    if costs:
+        cheap = [v for v, ok in costs.items() if ok]
+        lines += [
+            "",
+            "**Does the claim hold here?** Sharing the Jumbo FFN (with or "
+            "without LoRA) costs no more than the seed spread: "
+            f"{_answer(len(cheap), len(costs))} ({_which(cheap, costs)}).",
+        ]
     return lines + [""]
 
 
@@ -680,7 +726,7 @@ def token_drop_markdown(records):
         "test accuracy (%) | training img/s | seeds |",
         "|---|---|---|---|---|",
     ]
-    notes = []
+    notes, faster = [], {}
     for model in TOKEN_DROP_MODELS:
         rows = {}
         for kind in ("compare", "token_drop"):
@@ -717,6 +763,20 @@ def token_drop_markdown(records):
                 f"std {spread:.2f}): {verdict}; training throughput "
                 f"{speedup:.2f}x."
             )
+            if not verdict.startswith("no verdict"):
+                faster[model] = (speedup > 1.0, verdict)
+    if faster:
+        quicker = [m for m, (fast, _) in faster.items() if fast]
+        free = [m for m, (_, v) in faster.items() if v != "none ahead"]
+        notes += [
+            "",
+            "**Does the claim hold here?** Token dropping cuts the "
+            "training time (whole-fit timing): "
+            f"{_answer(len(quicker), len(faster))} "
+            f"({_which(quicker, faster)}). Without costing accuracy beyond "
+            f"the seed spread: {_answer(len(free), len(faster))} "
+            f"({_which(free, faster)}).",
+        ]
     return lines + [""] + notes + [""]
 
 
@@ -764,6 +824,7 @@ def non_deep_markdown(records):
         ("6x2_linear", "6x2_cosine", "Table 5: linear vs cosine λ"),
         ("6x2_linear", "6x2_instant", "Table 5: linear vs instant λ"),
     )
+    answers = {}
     for first, second, label in pairs:
         if first in rows and second in rows:
             gap, spread, verdict = _verdict(
@@ -773,6 +834,44 @@ def non_deep_markdown(records):
                 f"- {label}: {gap:+.2f} points (largest std {spread:.2f}): "
                 f"{verdict}."
             )
+            if not verdict.startswith("no verdict"):
+                answers[second] = verdict
+    claims = []
+    if "plain6" in answers:
+        claims.append(
+            "joined 6x2 beats the plain 6-layer ViT (Table 6): "
+            + _answer(answers["plain6"] == "6x2_linear ahead", 1)
+        )
+    if "plain12" in answers:
+        claims.append(
+            "it comes close to the 12-layer ViT (Table 1; within the seed "
+            "spread or ahead): "
+            + _answer(answers["plain12"] != "plain12 ahead", 1)
+        )
+    schedules = [v for v in ("6x2_linear", "6x2_cosine", "6x2_instant")]
+    if all(v in rows for v in schedules) and len(answers) == len(pairs):
+        order = sorted(schedules, key=lambda v: -rows[v]["accuracy"][0])
+        claims.append(
+            "linear λ best and instant worst (Table 5): "
+            + _answer(order[0] == "6x2_linear", 1)
+            + " (by mean: "
+            + " > ".join(NON_DEEP_VARIANTS[v][2] for v in order)
+            + ", "
+            + (
+                "differences within the seed spread"
+                if all(
+                    answers[v] == "within the seed spread"
+                    for v in ("6x2_cosine", "6x2_instant")
+                )
+                else "some beyond the seed spread"
+            )
+            + ")"
+        )
+    if claims:
+        lines += [
+            "",
+            "**Does the claim hold here?** " + "; ".join(claims) + ".",
+        ]
     return lines + [""]
 
 
@@ -987,7 +1086,13 @@ def write_results(path, args):
         "",
     ]
     for section in args.sections:
-        lines += _section_text(section, args, kept, summary)
+        lines += _section_text(section, args, kept, summary) + [
+            "Reproduce this section (reuses the finished runs of the "
+            "records, trains the missing ones, writes this section alone): "
+            f"`KERAS_BACKEND=jax python -m recipes.image_results --sections "
+            f"{section} --records {args.records} --results {section}.md`.",
+            "",
+        ]
     if missing:
         lines += [f"Not yet run ({len(missing)}): " + ", ".join(missing), ""]
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

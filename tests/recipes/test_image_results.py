@@ -80,6 +80,11 @@ def test_summary_and_document_from_records(tmp_path):
     assert "| pico | jumbo | 10 | 2.0M | 92.00 ± 2.83 | 100 | 2 |" in text
     assert "Jumbo − Registers = +12.00 points" in text
     assert "Runs trained on Keras" in text and "/ jax." in text
+    # Jumbo 92 ± 2.83 vs Registers 80 ± 0: beyond the spread, one width.
+    assert (
+        "Jumbo beats Registers: yes (beyond the seed spread in 1 of 1 " in text
+    )
+    assert "Most at the narrower width: not yet (too few runs)" in text
     assert "Jumbo ahead" in text
     assert "digits/pico/vit/seed 0" in text
 
@@ -183,20 +188,34 @@ def test_ablation_sections_from_records(tmp_path):
     assert "| lora8 | | | | 0 |" in ffn
     assert "shared − per_layer = -10.00 points" in ffn
     assert "per_layer ahead; parameters 0.25x" in ffn
+    assert (
+        "costs no more than the seed spread: no (0 of 1)." in ffn
+    )  # shared is 10 points behind per-layer here
     drop = "\n".join(recipe.token_drop_markdown(records))
     # training images/s = 1000 examples x 30 epochs / seconds
     assert "| registers | none | 90.00 ± 0.00 | 3000 | 2 |" in drop
     assert "| registers | 90% -> 10% | 85.00 ± 0.00 | 6000 | 2 |" in drop
     assert "training throughput 2.00x" in drop
+    # Faster; accuracy 5 points lower with a zero spread: "none ahead".
+    assert "cuts the training time (whole-fit timing): yes (1 of 1: " in drop
+    assert "beyond the seed spread: no (0 of 1)." in drop
     deep = "\n".join(recipe.non_deep_markdown(records))
     assert "96.00 ± 1.41 | 95.00 ± 0.00 |" in deep
     assert "Table 6: joined 6x2 vs plain 6-layer: +6.00 points" in deep
     assert "6x2_linear ahead" in deep
     assert "plain ViT-12 | 12 | | | | | | 0 |" in deep
+    assert (
+        "**Does the claim hold here?** joined 6x2 beats the plain 6-layer "
+        "ViT (Table 6): yes." in deep
+    )  # no 12-layer or schedule runs: those claims are not answered
     text = _document_from_records(tmp_path, records)
     for title in ("(Table 3)", "(§4.2)", "(Tables 1, 5, 6)"):
         assert title in text
     assert "non_deep:digits/tiny/non_deep/plain12/seed 0" in text
+    assert (
+        "`KERAS_BACKEND=jax python -m recipes.image_results --sections "
+        "token_drop --records " in text
+    )
 
 
 def test_resnas_run_searches_on_held_out_training_data():
