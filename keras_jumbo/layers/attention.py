@@ -6,6 +6,7 @@ from keras import ops
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.closed_form import softmax
 
 
@@ -175,7 +176,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         q, k, v = self._qkv(x)
         scores = self._scores(q, k, previous_scores)
         probs = softmax(scores, axis=-1)
-        probs = self.attention_dropout(probs, training=training)
+        probs = dropout(self.attention_dropout, probs, training)
         out = ops.einsum("bhqs,bhsk->bhqk", probs, v)
         if head_mask is not None:
             mask = ops.reshape(
@@ -188,7 +189,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         out = ops.einsum("bhqk,hkd->bqd", out, proj)
         if self.proj.bias is not None:
             out = out + ops.cast(self.proj.bias, out.dtype)
-        out = self.dropout(out, training=training)
+        out = dropout(self.dropout, out, training)
         if return_scores:
             return out, scores
         return out

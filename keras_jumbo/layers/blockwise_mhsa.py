@@ -6,6 +6,7 @@ from keras import ops
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.closed_form import softmax
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 
@@ -215,7 +216,7 @@ class BlockwiseMHSA(keras.layers.Layer):
                 value_bias = self.join.mix(value_bias, axis=0)
         outputs = []
         for b, probs in enumerate(self._probabilities(x)):
-            probs = self.attention_dropout(probs, training=training)
+            probs = dropout(self.attention_dropout, probs, training)
             values = self._project(x, value_kernel, value_bias, b)
             outputs.append(ops.einsum("bhqs,bhsk->bhqk", probs, values))
         return outputs
@@ -294,7 +295,7 @@ class BlockwiseMHSA(keras.layers.Layer):
             out = self._project_out(heads[0], 0)
             for b in range(1, self.num_branches):
                 out = out + self._project_out(heads[b], b)
-        return self.dropout(out, training=training)
+        return dropout(self.dropout, out, training)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

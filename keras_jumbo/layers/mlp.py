@@ -2,6 +2,7 @@ import keras
 
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import get_activation
 
 
@@ -86,9 +87,9 @@ class MLP(keras.layers.Layer):
         x = self._activation_fn(self.fc1(inputs))
         if hidden_mask is not None:
             x = x * keras.ops.cast(hidden_mask, x.dtype)
-        x = self.dropout(x, training=training)
+        x = dropout(self.dropout, x, training)
         x = self.fc2(x)
-        return self.dropout(x, training=training)
+        return dropout(self.dropout, x, training)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.output_dim or input_shape[-1])

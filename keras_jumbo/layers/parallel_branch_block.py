@@ -4,6 +4,7 @@ from keras import ops
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.blockwise_mhsa import pairwise_cosine_squared
@@ -152,7 +153,7 @@ class ParallelBranchBlock(keras.layers.Layer):
             kernel = self.mlp_join.mix(kernel, axis=0)
             bias = self.mlp_join.mix(bias, axis=0)
         hidden = ops.einsum("bsd,ndf->bsnf", x, kernel) + bias
-        return self.dropout(self._activation_fn(hidden), training=training)
+        return dropout(self.dropout, self._activation_fn(hidden), training)
 
     def mlp_branch_outputs(self, x, training=None):
         """Per-branch FFN outputs `(batch, length, n, D)` of a normed input."""
@@ -179,7 +180,7 @@ class ParallelBranchBlock(keras.layers.Layer):
     def call(self, inputs, training=None):
         x = inputs
         branch = self.attention(self.norm1(x), training=training)
-        x = x + self.drop_path1(branch, training=training)
+        x = x + dropout(self.drop_path1, branch, training)
         if self.diversity_weight and self.num_branches > 1:
             branches = self.mlp_branch_outputs(self.norm2(x), training=training)
             self.add_loss(
@@ -188,8 +189,8 @@ class ParallelBranchBlock(keras.layers.Layer):
             summed = ops.sum(branches, axis=2)
         else:
             summed = self._mlp_sum(self.norm2(x), training=training)
-        branch = self.dropout(summed, training=training)
-        return x + self.drop_path2(branch, training=training)
+        branch = dropout(self.dropout, summed, training)
+        return x + dropout(self.drop_path2, branch, training)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

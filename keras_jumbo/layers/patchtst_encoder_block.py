@@ -3,6 +3,7 @@ import keras
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_rank
+from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
 from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.mlp import MLP
@@ -163,8 +164,8 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
     def _sublayer(self, x, norm, fn, drop, training):
         """Post-norm `N(x + f(x))` or pre-norm `x + f(N(x))`."""
         if self.norm_first:
-            return x + drop(fn(norm(x, training=training)), training=training)
-        return norm(x + drop(fn(x), training=training), training=training)
+            return x + dropout(drop, fn(norm(x, training=training)), training)
+        return norm(x + dropout(drop, fn(x), training), training=training)
 
     def call(self, inputs, training=None, attention_scores=None):
         if attention_scores is not None and not self.residual_attention:

@@ -5,6 +5,7 @@ from keras_jumbo.layers._utils import check_positive_float
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
 from keras_jumbo.layers.layer_norm import LayerNormalization
@@ -217,7 +218,7 @@ class ViTBlock(keras.layers.Layer):
         """`x + DropPath(LayerScale(branch))` (times `mask` if given)."""
         if scale is not None:
             branch = scale(branch)
-        branch = drop(branch, training=training)
+        branch = dropout(drop, branch, training)
         if mask is not None:
             branch = branch * keras.ops.cast(mask, branch.dtype)
         return x + branch

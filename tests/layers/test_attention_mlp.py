@@ -6,6 +6,7 @@ from keras_jumbo.layers import MLP
 from keras_jumbo.layers import LayerScale
 from keras_jumbo.layers import MultiHeadSelfAttention
 from keras_jumbo.layers import StochasticDepth
+from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import gelu
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
@@ -68,6 +69,21 @@ def test_attention_errors():
         MultiHeadSelfAttention(num_heads=3).build((1, 4, 8))
     with pytest.raises(ValueError, match="attention_dropout_rate"):
         MultiHeadSelfAttention(2, attention_dropout_rate=1.0)
+
+
+def test_dropout_helper_skips_zero_rate_and_keeps_dropout(rng):
+    x = keras.ops.convert_to_tensor(rng.normal(size=(4, 64)).astype("float32"))
+    # rate 0: the input itself, no layer call (an identity)
+    for zero in (keras.layers.Dropout(0.0), StochasticDepth(0.0)):
+        assert dropout(zero, x, training=True) is x
+        assert zero.built  # else Keras re-runs a build pass every step
+    # rate > 0: the layer runs — zeros where dropped, x / (1 - rate) kept
+    layer = keras.layers.Dropout(0.5, seed=1)
+    out = keras.ops.convert_to_numpy(dropout(layer, x, training=True))
+    kept = out != 0
+    assert 0 < kept.mean() < 1
+    assert_allclose(out[kept], keras.ops.convert_to_numpy(x)[kept] * 2.0)
+    assert_allclose(dropout(layer, x, training=False), x)
 
 
 def test_gelu_is_exact_gelu(rng):
