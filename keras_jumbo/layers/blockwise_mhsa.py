@@ -68,7 +68,9 @@ class BlockwiseMHSA(keras.layers.Layer):
         initial_lambda: float in [0, 1], the starting joining weight λ.
         diversity_weight: float >= 0; when > 0 the layer adds
             `diversity_weight * mean_pairs E[cos(O_i, O_j)^2]` over its branch
-            outputs as a loss (`layer.losses`).
+            outputs as a loss (`layer.losses`) in training calls only: it is
+            a training objective (the paper's), so inference and
+            `evaluate` skip it and run the faster summed path.
         attention_dropout_rate: float, dropout on attention probabilities.
         dropout_rate: float, dropout on the output.
         kernel_initializer: initializer of the kernels.
@@ -284,7 +286,7 @@ class BlockwiseMHSA(keras.layers.Layer):
         )
 
     def call(self, inputs, training=None):
-        if self.diversity_weight and self.num_branches > 1:
+        if training and self.diversity_weight and self.num_branches > 1:
             branches = self.branch_outputs(inputs, training=training)
             self.add_loss(
                 self.diversity_weight * pairwise_cosine_squared(branches)

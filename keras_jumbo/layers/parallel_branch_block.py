@@ -37,7 +37,10 @@ class ParallelBranchBlock(keras.layers.Layer):
         key_dim: int or None, per-head query/key width (width / heads).
         initial_lambda: float in [0, 1], starting λ.
         diversity_weight: float >= 0, weight of this block's diversity loss
-            (mean of the attention and FFN branch-output terms).
+            (mean of the attention and FFN branch-output terms), added in
+            training calls only (inference and `evaluate` run the summed
+            FFN, which needs no per-branch outputs: at 224 px the
+            per-branch path cost a transpose of every hidden activation).
         dropout_rate, attention_dropout_rate, drop_path_rate: floats.
         layer_norm_epsilon: float.
         activation: FFN activation (`"gelu"`: exact erf GELU).
@@ -181,7 +184,7 @@ class ParallelBranchBlock(keras.layers.Layer):
         x = inputs
         branch = self.attention(self.norm1(x), training=training)
         x = x + dropout(self.drop_path1, branch, training)
-        if self.diversity_weight and self.num_branches > 1:
+        if training and self.diversity_weight and self.num_branches > 1:
             branches = self.mlp_branch_outputs(self.norm2(x), training=training)
             self.add_loss(
                 0.5 * self.diversity_weight * pairwise_cosine_squared(branches)

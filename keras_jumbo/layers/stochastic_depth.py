@@ -34,6 +34,10 @@ class StochasticDepth(keras.layers.Layer):
         self.rate = check_rate("rate", rate)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
+        # No weights: built at creation, like Keras' `Dropout` (a block
+        # skips a rate-0 drop path, so it may never be called; an unbuilt
+        # sublayer makes Keras run an eager build pass before predict/fit)
+        self.built = True
 
     def call(self, inputs, training=None):
         if not training or self.rate == 0.0:

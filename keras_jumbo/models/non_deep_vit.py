@@ -43,7 +43,8 @@ class NonDeepViT(VisionTransformerBase):
         diversity_weight: α, the weight of the diversity regularisation
             (mean squared pairwise cosine similarity of branch outputs,
             averaged over all attention and FFN modules; §4, Table 5,
-            default 0.05). 0 disables it.
+            default 0.05). 0 disables it. Added in training only, so the
+            loss `evaluate` reports is the task loss alone.
         dropout_rate, attention_dropout_rate, drop_path_rate,
         drop_path_schedule, layer_norm_epsilon, activation,
         classifier_activation, head_dropout_rate, data_format: as `ViT`.

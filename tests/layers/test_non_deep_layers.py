@@ -3,6 +3,7 @@ import math
 import keras
 import numpy as np
 import pytest
+from keras import ops
 
 from keras_jumbo.layers import BlockwiseMHSA
 from keras_jumbo.layers import ParallelBranchBlock
@@ -184,9 +185,27 @@ def test_diversity_loss_is_mean_squared_pairwise_cosine(rng):
     )
     assert float(pairwise_cosine_squared(f)) == pytest.approx(expected, 1e-5)
     block = ParallelBranchBlock(2, 8, num_branches=2, diversity_weight=0.2)
-    block(rng.normal(size=(1, 3, 8)).astype("float32"))
+    x = ops.convert_to_tensor(rng.normal(size=(1, 3, 8)).astype("float32"))
+    block(x)
+    randomize_weights(block)
+    inference = block(x)
+    assert len(block.losses) == 0  # a training objective only
+    trained = block(x, training=True)
     assert len(block.losses) == 2  # attention and FFN terms
+    # the terms are the formula on the branch outputs, times the weights
+    attention_branches = block.attention.branch_outputs(block.norm1(x))
+    x1 = x + ops.sum(attention_branches, axis=2)
+    ffn_branches = block.mlp_branch_outputs(block.norm2(x1))
+    expected = [
+        0.1 * float(pairwise_cosine_squared(branches))
+        for branches in (attention_branches, ffn_branches)
+    ]
+    assert sorted(float(loss) for loss in block.losses) == pytest.approx(
+        sorted(expected), 1e-4
+    )
     assert all(float(loss) >= 0 for loss in block.losses)
+    # both paths compute the same block output
+    assert_allclose(trained, inference, atol=1e-5)
 
 
 def test_non_deep_layer_errors():
