@@ -33,7 +33,19 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         head_dim: int or None, width of each head. None (default) splits
             the input width D evenly (`D // num_heads`, which must divide);
             an explicit value decouples the inner width `num_heads *
-            head_dim` from D (ViT-ResNAS: MHSA-32_h on any width).
+            head_dim` from D (ViT-ResNAS: MHSA-32_h on any width). This
+            is the width of each head's values (and of the output
+            projection's input).
+        key_dim: int or None, width of each head's queries and keys.
+            None (default) uses `head_dim`. A different value makes the
+            fused kernel's columns `[q (heads, key_dim) | k (heads,
+            key_dim) | v (heads, head_dim)]` (the same layout as
+            `(3, heads, head_dim)` when equal) and scales the scores by
+            `key_dim ** -0.5`: a reparameterised Non-Deep ViT's attention,
+            whose joined queries and keys are n times wider than its values
+            (`convert.reparameterize`), is then
+            `keras.layers.MultiHeadAttention(num_heads, key_dim=key_dim,
+            value_dim=head_dim)` in this layer's fast layout (tested equal).
         qkv_bias: bool, bias on the q/k/v projection.
         attention_dropout_rate: float in [0, 1), dropout on the attention
             probabilities (training only).
@@ -68,6 +80,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self,
         num_heads,
         head_dim=None,
+        key_dim=None,
         qkv_bias=True,
         attention_dropout_rate=0.0,
         dropout_rate=0.0,
@@ -79,6 +92,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         if head_dim is not None:
             check_positive_int("head_dim", head_dim)
         self._head_dim_arg = head_dim
+        if key_dim is not None:
+            check_positive_int("key_dim", key_dim)
+        self._key_dim_arg = key_dim
         self.qkv_bias = qkv_bias
         self.attention_dropout_rate = check_rate(
             "attention_dropout_rate", attention_dropout_rate
@@ -110,9 +126,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             )
         self.hidden_dim = dim
         self.head_dim = self._head_dim_arg or dim // self.num_heads
+        self.key_dim = self._key_dim_arg or self.head_dim
         self.inner_dim = self.num_heads * self.head_dim
         self.qkv = keras.layers.Dense(
-            3 * self.inner_dim,
+            self.num_heads * (2 * self.key_dim + self.head_dim),
             use_bias=self.qkv_bias,
             kernel_initializer=self.kernel_initializer,
             dtype=self.dtype_policy,
@@ -128,30 +145,32 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.proj.build((*input_shape[:-1], self.inner_dim))
 
     def _qkv(self, x):
-        """q, k, v `(batch, heads, length, head_dim)` from the fused kernel.
+        """q, k, v `(batch, heads, length, width)` from the fused kernel.
 
-        Straight into the heads-first layout with the kernel's (3, heads,
-        head_dim) columns: no transposes of activations (about 2x faster on
-        CPU than slicing the fused output and calling
-        `ops.dot_product_attention`).
+        Straight into the heads-first layout with the kernel's columns
+        `[q (heads, key_dim) | k (heads, key_dim) | v (heads, head_dim)]`:
+        no transposes of activations (about 2x faster on CPU than slicing
+        the fused output and calling `ops.dot_product_attention`).
         """
-        heads, head_dim, dim = self.num_heads, self.head_dim, self.hidden_dim
-        kernel = ops.reshape(
-            ops.cast(self.qkv.kernel, x.dtype), (dim, 3, heads, head_dim)
-        )
-        bias = None
-        if self.qkv.bias is not None:
-            bias = ops.reshape(
-                ops.cast(self.qkv.bias, x.dtype), (3, 1, heads, 1, head_dim)
-            )
-        return tuple(
-            ops.einsum("bsd,dhk->bhsk", x, kernel[:, i])
-            + (0.0 if bias is None else bias[i])
-            for i in range(3)
-        )
+        heads, dim = self.num_heads, self.hidden_dim
+        widths = (self.key_dim, self.key_dim, self.head_dim)
+        kernel = ops.cast(self.qkv.kernel, x.dtype)
+        bias = self.qkv.bias
+        if bias is not None:
+            bias = ops.cast(bias, x.dtype)
+        outputs, start = [], 0
+        for width in widths:
+            stop = start + heads * width
+            part = ops.reshape(kernel[:, start:stop], (dim, heads, width))
+            y = ops.einsum("bsd,dhk->bhsk", x, part)
+            if bias is not None:
+                y = y + ops.reshape(bias[start:stop], (1, heads, 1, width))
+            outputs.append(y)
+            start = stop
+        return tuple(outputs)
 
     def _scores(self, q, k, previous_scores=None):
-        scale = 1.0 / math.sqrt(self.head_dim)
+        scale = 1.0 / math.sqrt(self.key_dim)
         scores = ops.einsum("bhqk,bhsk->bhqs", q * scale, k)
         if previous_scores is not None:
             scores = scores + ops.cast(previous_scores, scores.dtype)
@@ -203,6 +222,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             {
                 "num_heads": self.num_heads,
                 "head_dim": self._head_dim_arg,
+                "key_dim": self._key_dim_arg,
                 "qkv_bias": self.qkv_bias,
                 "attention_dropout_rate": self.attention_dropout_rate,
                 "dropout_rate": self.dropout_rate,

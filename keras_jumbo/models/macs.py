@@ -291,12 +291,11 @@ def _mlp_rule(layer, input_shapes, output_shape):
 def _self_attention_rule(layer, input_shapes, output_shape):
     shape = input_shapes[0]
     length, dim = shape[1], shape[-1]
-    head_dim = layer.head_dim
-    inner = layer.num_heads * head_dim
+    heads, key_dim, head_dim = layer.num_heads, layer.key_dim, layer.head_dim
     return (
-        dense_macs(length, dim, 3 * inner)
-        + attention_macs(length, length, layer.num_heads, head_dim, head_dim)
-        + dense_macs(length, inner, dim)
+        dense_macs(length, dim, heads * (2 * key_dim + head_dim))
+        + attention_macs(length, length, heads, key_dim, head_dim)
+        + dense_macs(length, heads * head_dim, dim)
     )
 
 

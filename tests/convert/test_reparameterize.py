@@ -7,6 +7,7 @@ from keras_jumbo.convert import get_join_lambda
 from keras_jumbo.convert import reparameterize
 from keras_jumbo.convert import set_join_lambda
 from keras_jumbo.layers import BlockwiseMHSA
+from keras_jumbo.layers import MultiHeadSelfAttention
 from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.models import NonDeepViT
 from keras_jumbo.models import ViT
@@ -42,16 +43,17 @@ def test_reparameterized_model_equals_branchy_model_at_lambda_one(
     plain = reparameterize(model, absorb_layer_norm=absorb)
     x = images()
     assert_allclose(plain(x), model(x), atol=1e-5, rtol=0)
-    # No branch code left: stock attention, depth blocks.
+    # No branch code left: plain attention, depth blocks.
     kinds = {type(layer) for layer in plain._flatten_layers()}
     assert ParallelBranchBlock not in kinds and BlockwiseMHSA not in kinds
     attention = [
         layer
         for layer in plain.layers
-        if isinstance(layer, keras.layers.MultiHeadAttention)
+        if isinstance(layer, MultiHeadSelfAttention)
     ]
     assert len(attention) == depth
     assert attention[0].key_dim == branches * 8  # n · d_k
+    assert attention[0].head_dim == 8  # d_v: the values stay lean
 
 
 def test_reparameterized_model_has_a_plain_vit_parameter_budget(tmp_path):

@@ -32,10 +32,12 @@ def mlp(x, layer):
 
 def attention(x, layer, return_maps=False):
     b, n, d = x.shape
-    h, hd = layer.num_heads, layer.head_dim
-    qkv = dense(x, layer.qkv).reshape(b, n, 3, h, hd)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(hd)
+    h, hd, kd = layer.num_heads, layer.head_dim, layer.key_dim
+    # Fused columns [q (h, kd) | k (h, kd) | v (h, hd)].
+    q, k, v = np.split(dense(x, layer.qkv), [h * kd, 2 * h * kd], axis=-1)
+    q, k = q.reshape(b, n, h, kd), k.reshape(b, n, h, kd)
+    v = v.reshape(b, n, h, hd)
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(kd)
     scores = scores - scores.max(-1, keepdims=True)
     probs = np.exp(scores)
     probs = probs / probs.sum(-1, keepdims=True)

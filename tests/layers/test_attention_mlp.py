@@ -25,35 +25,50 @@ def test_attention_layer_checks():
     )
 
 
-def test_attention_equals_keras_multi_head_attention(rng):
-    d, heads = 12, 3
-    ours = MultiHeadSelfAttention(num_heads=heads)
+@pytest.mark.parametrize("key_dim", [None, 6])
+def test_attention_equals_keras_multi_head_attention(rng, key_dim):
+    # key_dim=6 != head_dim=4: a reparameterised Non-Deep ViT's attention
+    # (queries and keys wider than values), Keras' value_dim case.
+    d, heads, head_dim = 12, 3, 4
+    ours = MultiHeadSelfAttention(num_heads=heads, key_dim=key_dim)
     x = rng.normal(size=(2, 7, d)).astype("float32")
     ours(x)
     randomize_weights(ours)
-    core = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=d // heads)
-    core(x, x)
-    qkv_kernel = value(ours.qkv.kernel).reshape(d, 3, heads, d // heads)
-    qkv_bias = value(ours.qkv.bias).reshape(3, heads, d // heads)
-    for index, dense in enumerate(
-        (core._query_dense, core._key_dense, core._value_dense)
+    kd = key_dim or head_dim
+    assert ours.key_dim == kd and ours.head_dim == head_dim
+    core = keras.layers.MultiHeadAttention(
+        num_heads=heads, key_dim=kd, value_dim=head_dim
+    )
+    core.build(x.shape, x.shape)
+    splits = [heads * kd, 2 * heads * kd]
+    kernels = np.split(value(ours.qkv.kernel), splits, axis=-1)
+    biases = np.split(value(ours.qkv.bias), splits)
+    for dense, kernel, bias in zip(
+        (core._query_dense, core._key_dense, core._value_dense),
+        kernels,
+        biases,
+        strict=True,
     ):
-        dense.kernel.assign(qkv_kernel[:, index])
-        dense.bias.assign(qkv_bias[index])
+        dense.kernel.assign(kernel.reshape(d, heads, -1))
+        dense.bias.assign(bias.reshape(heads, -1))
     core._output_dense.kernel.assign(
-        value(ours.proj.kernel).reshape(heads, d // heads, d)
+        value(ours.proj.kernel).reshape(heads, head_dim, d)
     )
     core._output_dense.bias.assign(value(ours.proj.bias))
-    assert_allclose(ours(x), core(x, x), atol=1e-5)
+    # Keras' einsum path (its JAX fused path needs key_dim == value_dim).
+    core_out, core_maps = core(x, x, return_attention_scores=True)
+    assert_allclose(ours(x), core_out, atol=1e-5)
     assert_allclose(ours(x), reference.attention(x, ours), atol=1e-5)
     # The maps `call` uses, readable for attention-map distillation.
-    _, core_maps = core(x, x, return_attention_scores=True)
     assert_allclose(ours.attention_probabilities(x), core_maps, atol=1e-6)
     assert_allclose(
         ours.attention_probabilities(x),
         reference.attention(x, ours, return_maps=True),
         atol=1e-6,
     )
+    config = ours.get_config()
+    assert config["key_dim"] == key_dim
+    assert MultiHeadSelfAttention.from_config(config).get_config() == config
 
 
 def test_attention_dropout_only_in_training(rng):
@@ -69,6 +84,8 @@ def test_attention_errors():
         MultiHeadSelfAttention(num_heads=3).build((1, 4, 8))
     with pytest.raises(ValueError, match="attention_dropout_rate"):
         MultiHeadSelfAttention(2, attention_dropout_rate=1.0)
+    with pytest.raises(ValueError, match="key_dim.*0"):
+        MultiHeadSelfAttention(2, key_dim=0)
 
 
 def test_dropout_helper_skips_zero_rate_and_keeps_dropout(rng):

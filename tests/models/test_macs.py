@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from keras_jumbo import convert
+from keras_jumbo import layers
 from keras_jumbo import models
 from keras_jumbo.models import count_macs
 from keras_jumbo.models import mac_report
@@ -183,6 +184,13 @@ def test_stock_attention_rule_matches_its_weights():
         + 7 * 3 * 5 * 10  # output projection
     )
     assert layer_macs(layer, [(1, 7, 10), (1, 7, 10)], (1, 7, 10)) == expected
+    # Our attention with queries/keys wider than values: the same count.
+    ours = layers.MultiHeadSelfAttention(num_heads=3, head_dim=5, key_dim=4)
+    ours.build((1, 7, 10))
+    assert 7 * ours.qkv.kernel.shape[0] * ours.qkv.kernel.shape[1] == (
+        7 * 10 * 3 * (4 + 4 + 5)
+    )
+    assert layer_macs(ours, [(1, 7, 10)], (1, 7, 10)) == expected
 
 
 def test_unknown_layers_with_weights_are_not_silently_free():
@@ -215,4 +223,4 @@ def test_command_line_count(tmp_path, capsys):
     assert cli.main([*args, "--layers"]) == 0
     out = capsys.readouterr().out
     assert f"{count_macs(plain):,} MACs" in out
-    assert "MultiHeadAttention" in out
+    assert "MultiHeadSelfAttention" in out
