@@ -57,6 +57,7 @@ CPU_MODELS = (
     "non_deep_vit_6x2",
     "non_deep_vit_6x2:plain",
     "non_deep_vit_6x2:deep",
+    "non_deep_vit_6x2:nodiversity",
     "non_deep_vit_4x3",
     "non_deep_vit_4x3:plain",
     "vit_res_tiny",
@@ -175,7 +176,8 @@ def _build(name, image_size, num_classes):
     into the plain shallow ViT it collapses to (what is deployed);
     `name:deep` the L-layer one-branch model of the same MACs (6x2 -> 12
     layers, same heads and widths: the deep model the branchy one should
-    cost as much as)."""
+    cost as much as); `name:nodiversity` the branchy model without the
+    diversity loss (`diversity_weight=0`; training cost of that term)."""
     base, _, variant = name.partition(":")
     model = models.create_model(
         base, num_classes=num_classes, image_size=image_size
@@ -188,6 +190,10 @@ def _build(name, image_size, num_classes):
             num_classes=num_classes,
             image_size=image_size,
         )
+    if variant == "nodiversity":
+        config = model.get_config()
+        config["diversity_weight"] = 0.0
+        return type(model).from_config(config)
     if variant == "plain":
         from keras_jumbo import convert
 
@@ -331,7 +337,8 @@ def main(argv=None):
         nargs="+",
         default=["all"],
         help="registry names (name:plain = reparameterised Non-Deep ViT, "
-        "name:deep = its L-layer one-branch model of the same MACs), "
+        "name:deep = its L-layer one-branch model of the same MACs, "
+        "name:nodiversity = without the diversity loss), "
         "'all' (every registered model, the default) or 'cpu' (a subset)",
     )
     parser.add_argument("--batch", type=int, default=512)
@@ -428,6 +435,12 @@ def main(argv=None):
             )
         print(
             line + " (the paper's premise: 1.0; issue #15 goal <= 1.2 / 1.15)"
+        )
+    lean = by_name.get("non_deep_vit_6x2:nodiversity")
+    if lean and deep and lean.get("train_img_s") and deep.get("train_img_s"):
+        print(
+            "NonDeepViT-6x2 without the diversity loss / 12-layer training "
+            f"time: {deep['train_img_s'] / lean['train_img_s']:.2f}"
         )
     for size in models.VIT_SIZES:
         jumbo = by_name.get(f"jumbo_vit_{size}")
