@@ -2,6 +2,7 @@ import keras
 
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import dense
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import get_activation
 
@@ -84,11 +85,11 @@ class MLP(keras.layers.Layer):
         self.fc2.build((*input_shape[:-1], self.hidden_dim))
 
     def call(self, inputs, training=None, hidden_mask=None):
-        x = self._activation_fn(self.fc1(inputs))
+        x = self._activation_fn(dense(self.fc1, inputs))
         if hidden_mask is not None:
             x = x * keras.ops.cast(hidden_mask, x.dtype)
         x = dropout(self.dropout, x, training)
-        x = self.fc2(x)
+        x = dense(self.fc2, x)
         return dropout(self.dropout, x, training)
 
     def compute_output_shape(self, input_shape):

@@ -6,6 +6,7 @@ from keras_jumbo.layers import MLP
 from keras_jumbo.layers import LayerScale
 from keras_jumbo.layers import MultiHeadSelfAttention
 from keras_jumbo.layers import StochasticDepth
+from keras_jumbo.layers._utils import dense
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import gelu
 from keras_jumbo.testing import assert_allclose
@@ -43,14 +44,14 @@ def test_attention_equals_keras_multi_head_attention(rng, key_dim):
     splits = [heads * kd, 2 * heads * kd]
     kernels = np.split(value(ours.qkv.kernel), splits, axis=-1)
     biases = np.split(value(ours.qkv.bias), splits)
-    for dense, kernel, bias in zip(
+    for projection, kernel, bias in zip(
         (core._query_dense, core._key_dense, core._value_dense),
         kernels,
         biases,
         strict=True,
     ):
-        dense.kernel.assign(kernel.reshape(d, heads, -1))
-        dense.bias.assign(bias.reshape(heads, -1))
+        projection.kernel.assign(kernel.reshape(d, heads, -1))
+        projection.bias.assign(bias.reshape(heads, -1))
     core._output_dense.kernel.assign(
         value(ours.proj.kernel).reshape(heads, head_dim, d)
     )
@@ -101,6 +102,40 @@ def test_dropout_helper_skips_zero_rate_and_keeps_dropout(rng):
     assert 0 < kept.mean() < 1
     assert_allclose(out[kept], keras.ops.convert_to_numpy(x)[kept] * 2.0)
     assert_allclose(dropout(layer, x, training=False), x)
+
+
+def test_dense_helper_equals_the_dense_layer(rng):
+    x = rng.normal(size=(2, 5, 6)).astype("float32")
+
+    def fresh(**kwargs):
+        layer = keras.layers.Dense(4, **kwargs)
+        layer.build(x.shape)
+        randomize_weights(layer)
+        return layer
+
+    # A plain float layer: computed from its weights, the same numbers.
+    for layer in (fresh(), fresh(use_bias=False)):
+        assert_allclose(dense(layer, x), layer(x), atol=1e-6)
+        assert_allclose(
+            dense(layer, x),
+            x @ value(layer.kernel)
+            + (0 if layer.bias is None else value(layer.bias)),
+            atol=1e-5,
+        )
+    # Anything else goes through the layer's own call: an activation,
+    # Keras LoRA (non-zero adapters), int8 quantisation (its scales).
+    activated = fresh(activation="relu")
+    assert_allclose(dense(activated, x), activated(x), atol=1e-6)
+    assert float(np.min(keras.ops.convert_to_numpy(dense(activated, x)))) >= 0
+    lora = fresh()
+    lora.enable_lora(2)
+    lora.lora_kernel_b.assign(rng.normal(size=(2, 4)).astype("float32"))
+    plain = x @ value(lora._kernel) + value(lora.bias)
+    assert not np.allclose(keras.ops.convert_to_numpy(lora(x)), plain)
+    assert_allclose(dense(lora, x), lora(x), atol=1e-6)
+    quantized = fresh()
+    quantized.quantize("int8")
+    assert_allclose(dense(quantized, x), quantized(x), atol=1e-6)
 
 
 def test_gelu_is_exact_gelu(rng):
