@@ -28,6 +28,9 @@ def _tflite(model, path, quantize):
         import tensorflow as tf
     except ImportError as error:
         raise _missing("tensorflow-cpu") from error
+    from keras_jumbo.convert.export import check_tflite_convertible
+
+    check_tflite_convertible(model)
     target_spec = {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}
     kwargs = {}
     if quantize == "float16":

@@ -42,6 +42,22 @@ def _check_model(model):
     return model
 
 
+def check_tflite_convertible(model):
+    """Refuse a model with Keras-quantised layers (`model.quantize(...)`):
+    the TFLite converter has no kernel for their integer matmuls (it fails
+    deep inside conversion). ONNX export takes them."""
+    from keras_jumbo.models.base import check_not_quantized
+
+    check_not_quantized(
+        model,
+        "export_tflite",
+        reason="the TFLite converter has no kernels for Keras' quantised "
+        "layers",
+        remedy='Export the float model with `quantize="dynamic_int8"` '
+        "(int8 weights) instead.",
+    )
+
+
 def _check_output(path, suffix):
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(
@@ -228,6 +244,8 @@ def export_tflite(model, path, quantize=None, batch_size=2, seed=0):
             f"quantize={quantize!r}"
         )
     model = _check_model(model)
+    if not isinstance(model, str):
+        check_tflite_convertible(model)
     path = _check_output(path, ".tflite")
     return _run_worker(model, path, "tflite", quantize, batch_size, seed)
 

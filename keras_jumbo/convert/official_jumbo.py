@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from keras_jumbo.models.base import check_not_quantized
 from keras_jumbo.models.vision_transformer import JumboViT
 from keras_jumbo.models.vit_sizes import VIT_SIZES
 
@@ -139,6 +140,7 @@ def load_official_jumbo(model, state_dict, *, skip_head=False):
             "(`official_jumbo_model(size, ...)`). Received: "
             f"{type(model).__name__}"
         )
+    check_not_quantized(model, "load_official_jumbo")
     if model.head != "official" or not model.share_jumbo_mlp:
         raise ValueError(
             "The official checkpoint needs JumboViT(head='official', "

@@ -11,6 +11,7 @@ from keras_jumbo.layers import PositionEmbedding
 from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import get_activation
+from keras_jumbo.models.base import check_not_quantized
 from keras_jumbo.models.non_deep_vit import NonDeepViT
 
 
@@ -131,6 +132,7 @@ def reparameterize(
     check_bool("force", force)
     check_bool("absorb_layer_norm", absorb_layer_norm)
     check_bool("pad_values", pad_values)
+    check_not_quantized(model, "reparameterize")
     blocks = model.blocks
     sync_state(model)
     # λ matters only where there is more than one branch to join.

@@ -154,6 +154,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         """
         heads, dim = self.num_heads, self.hidden_dim
         widths = (self.key_dim, self.key_dim, self.head_dim)
+        if self.qkv.quantization_mode is not None:
+            return self._qkv_from_layer_call(x, widths)
         kernel = ops.cast(self.qkv.kernel, x.dtype)
         bias = self.qkv.bias
         if bias is not None:
@@ -168,6 +170,43 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             outputs.append(y)
             start = stop
         return tuple(outputs)
+
+    def _qkv_from_layer_call(self, x, widths):
+        """`_qkv` through the `qkv` layer's own call, for a quantised layer
+        (`model.quantize(...)`): its stored kernel holds integers whose
+        scales only its `call` applies, so reading `qkv.kernel` would be
+        silently wrong."""
+        y = self.qkv(x)
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        outputs, start = [], 0
+        for width in widths:
+            stop = start + self.num_heads * width
+            part = ops.reshape(
+                y[..., start:stop], (batch, length, self.num_heads, width)
+            )
+            outputs.append(ops.transpose(part, (0, 2, 1, 3)))
+            start = stop
+        return tuple(outputs)
+
+    def _project(self, out, x):
+        """Heads-first `(batch, heads, length, head_dim)` -> `(batch,
+        length, width)` through the output projection; a quantised `proj`
+        goes through its own call (see `_qkv_from_layer_call`)."""
+        heads, head_dim, dim = self.num_heads, self.head_dim, self.hidden_dim
+        if self.proj.quantization_mode is not None:
+            batch, length = ops.shape(out)[0], ops.shape(out)[2]
+            out = ops.reshape(
+                ops.transpose(out, (0, 2, 1, 3)),
+                (batch, length, heads * head_dim),
+            )
+            return self.proj(out)
+        proj = ops.reshape(
+            ops.cast(self.proj.kernel, x.dtype), (heads, head_dim, dim)
+        )
+        out = ops.einsum("bhqk,hkd->bqd", out, proj)
+        if self.proj.bias is not None:
+            out = out + ops.cast(self.proj.bias, out.dtype)
+        return out
 
     def _scores(self, q, k, previous_scores=None):
         scale = 1.0 / math.sqrt(self.key_dim)
@@ -191,7 +230,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return_scores=False,
     ):
         x = inputs
-        heads, head_dim, dim = self.num_heads, self.head_dim, self.hidden_dim
+        heads, head_dim = self.num_heads, self.head_dim
         q, k, v = self._qkv(x)
         scores = self._scores(q, k, previous_scores)
         probs = softmax(scores, axis=-1)
@@ -202,12 +241,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 ops.cast(head_mask, out.dtype), (-1, 1, heads, head_dim)
             )
             out = out * ops.transpose(mask, (0, 2, 1, 3))
-        proj = ops.reshape(
-            ops.cast(self.proj.kernel, x.dtype), (heads, head_dim, dim)
-        )
-        out = ops.einsum("bhqk,hkd->bqd", out, proj)
-        if self.proj.bias is not None:
-            out = out + ops.cast(self.proj.bias, out.dtype)
+        out = self._project(out, x)
         out = dropout(self.dropout, out, training)
         if return_scores:
             return out, scores

@@ -9,6 +9,8 @@ code that transforms a model reads.
 
 import keras
 
+from keras_jumbo._keras_internals import sublayers
+
 
 def constructor_arguments(local_variables):
     """The constructor's own arguments, from `locals()` at its first line."""
@@ -16,8 +18,52 @@ def constructor_arguments(local_variables):
     return {k: v for k, v in local_variables.items() if k not in skipped}
 
 
-# Arguments of `keras.Model` itself that model classes pass through.
-BASE_ARGUMENTS = ("trainable", "dtype")
+# Arguments of `keras.Model` itself that model classes pass through, and
+# `quantization` (below), which every model class takes.
+BASE_ARGUMENTS = ("trainable", "dtype", "quantization")
+
+
+def _relative_path(model, layer):
+    """`layer.path` without the model's name (None for a layer without
+    weights, which Keras gives no path)."""
+    prefix = model.name + "/"
+    path = layer.path
+    if path and path.startswith(prefix):
+        return path[len(prefix) :]
+    return path
+
+
+def quantized_layers(model):
+    """`{path: layer}` of the layers of `model` that `model.quantize(...)`
+    quantised (paths relative to the model, e.g. `"block_0/attention/qkv"`).
+    """
+    return {
+        _relative_path(model, layer): layer
+        for layer in sublayers(model)
+        if getattr(layer, "quantization_mode", None) is not None
+    }
+
+
+def check_not_quantized(
+    model, action, reason="it reads float weights", remedy=None
+):
+    """Raise a `ValueError` naming the quantised layers when `model` has
+    any: `action` (e.g. "reparameterize") reads float weights, which a
+    quantised layer no longer holds."""
+    quantized = quantized_layers(model)
+    if quantized:
+        shown = ", ".join(
+            f"{path} ({layer.quantization_mode})"
+            for path, layer in list(quantized.items())[:3]
+        )
+        more = f" and {len(quantized) - 3} more" if len(quantized) > 3 else ""
+        remedy = remedy or "Apply it before `model.quantize(...)`."
+        raise ValueError(
+            f"{action} needs a float model: {reason}, and "
+            f"{type(model).__name__} '{model.name}' has quantised layers "
+            f"({shown}{more}). {remedy} "
+            f"Received: a model with {len(quantized)} quantised layers"
+        )
 
 
 class ConfiguredModel(keras.Model):
@@ -28,6 +74,17 @@ class ConfiguredModel(keras.Model):
     the functional graph owns those layers, so saving, weights and
     `model.layers` are the graph's alone, identical on every backend (and
     the PyTorch backend allows them before `keras.Model.__init__`).
+
+    Quantisation: after Keras' `model.quantize(mode)` (int8, int4,
+    float8), `get_config()` has a `quantization` entry, `{layer path:
+    Keras quantization config}`, and every model class takes it as an
+    argument: the model is built, then those layers are quantised, so a
+    saved quantised model reloads with `keras.saving.load_model` (the
+    role keras-hub gives a `DTypePolicyMap` `dtype`; this also keeps a
+    custom quantization config). Code that reads float weights
+    (`reparameterize`, `with_config`, `load_official_jumbo`,
+    `extract_subnet`, TFLite export) refuses a quantised model with a
+    `ValueError` naming its quantised layers.
     """
 
     exposed_layers = ()
@@ -39,6 +96,7 @@ class ConfiguredModel(keras.Model):
         super().__setattr__(name, value)
 
     def _finish(self, inputs, outputs, config, name, kwargs):
+        quantization = kwargs.pop("quantization", None)
         unknown = sorted(set(kwargs) - set(BASE_ARGUMENTS))
         if unknown:
             raise TypeError(
@@ -51,6 +109,33 @@ class ConfiguredModel(keras.Model):
         self._config = dict(config)
         for key, value in self._config.items():
             setattr(self, key, value)
+        if quantization:
+            self._quantize_layers(quantization)
+
+    def _quantize_layers(self, quantization):
+        """Quantise the layers named in `quantization` (`{path: Keras
+        quantization config}`, what `get_config` records after
+        `model.quantize(...)`), so a saved quantised model reloads: its
+        variables are created in their quantised form, then loaded."""
+        if not isinstance(quantization, dict):
+            raise TypeError(
+                "`quantization` must be a dict {layer path: quantization "
+                f"config}}. Received: quantization={quantization!r:.200}"
+            )
+        layers = {
+            _relative_path(self, layer): layer
+            for layer in sublayers(self)
+            if layer.path
+        }
+        for path, config in quantization.items():
+            if path not in layers:
+                raise ValueError(
+                    f"`quantization` names a layer that {type(self).__name__}"
+                    f" does not have. Received: path={path!r}"
+                )
+            if isinstance(config, dict):
+                config = keras.saving.deserialize_keras_object(config)
+            layers[path].quantize(config.mode, config=config)
 
     # Shown with the error of a wrong input shape (e.g. how to change the
     # image size); set by subclasses.
@@ -149,7 +234,20 @@ class ConfiguredModel(keras.Model):
         return super().compile_from_config(config)
 
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable, **self._config}
+        config = {
+            "name": self.name,
+            "trainable": self.trainable,
+            **self._config,
+        }
+        quantized = quantized_layers(self)
+        if quantized:
+            config["quantization"] = {
+                path: keras.saving.serialize_keras_object(
+                    layer.quantization_config
+                )
+                for path, layer in quantized.items()
+            }
+        return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

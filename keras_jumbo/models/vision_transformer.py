@@ -42,6 +42,7 @@ from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.layers._utils import to_pair
 from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.models.base import check_not_quantized
 from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.models.vit_sizes import VIT_SIZES
 from keras_jumbo.models.vit_sizes import get_size
@@ -524,7 +525,8 @@ class ViT(VisionTransformerBase):
         data_format: `"channels_last"` or `"channels_first"`; None takes
             `keras.config.image_data_format()`.
         name: model name (default `vit_<size>`).
-        **kwargs: `trainable`, `dtype` of `keras.Model`.
+        **kwargs: `trainable`, `dtype` of `keras.Model`; `quantization`
+            (every model class; see `ConfiguredModel`).
 
     Example:
     >>> model = ViT("pico", image_size=32, patch_size=8, num_classes=10)
@@ -700,6 +702,7 @@ def with_config(model, **changes):
             "`model` must be a ViT-family model (ViT, RegistersViT, "
             f"JumboViT, NonDeepViT). Received: {type(model).__name__}"
         )
+    check_not_quantized(model, "with_config")
     config = {**model.get_config(), **changes}
     new = type(model).from_config(config)
 

@@ -14,6 +14,7 @@ from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.models.base import check_not_quantized
 from keras_jumbo.models.base import constructor_arguments
 from keras_jumbo.models.vit_res import MULTI_STAGE_LAYERS
 from keras_jumbo.models.vit_res import build_vit_res
@@ -441,6 +442,7 @@ def extract_subnet(supernet, space, arch, name=None):
             f"{space!r}; the super-network has {supernet.space!r}"
         )
     arch = space.validate(arch)
+    check_not_quantized(supernet, "extract_subnet")
     model = build_vit_res(
         space.to_architecture(arch),
         num_classes=supernet.num_classes,

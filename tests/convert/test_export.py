@@ -133,6 +133,29 @@ def test_quantized_exports_stay_close_and_shrink(
     assert small["max_abs_diff"] < 0.05 * small["max_abs_output"]
 
 
+def test_keras_quantized_model_exports_to_onnx_not_tflite(
+    jumbo_model, tmp_path
+):
+    """`model.quantize("int8")`: ONNX takes its integer matmuls; the TFLite
+    converter has no kernel for them, so export_tflite refuses the model
+    before converting, in the caller and from a saved `.keras` file."""
+    import warnings
+
+    model = JumboViT.from_config(jumbo_model.get_config())
+    model.set_weights(jumbo_model.get_weights())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.quantize("int8")
+    report = export_onnx(model, tmp_path / "q.onnx")
+    assert report["max_abs_diff"] <= 1e-4
+    with pytest.raises(ValueError, match="quantised layers.*dynamic_int8"):
+        export_tflite(model, tmp_path / "q.tflite")
+    model.save(tmp_path / "q.keras")
+    with pytest.raises(RuntimeError, match="quantised layers"):
+        export_tflite(str(tmp_path / "q.keras"), tmp_path / "q.tflite")
+    assert not (tmp_path / "q.tflite").exists()
+
+
 def test_export_errors(jumbo_model, tmp_path):
     with pytest.raises(ValueError, match="quantize"):
         export_tflite(jumbo_model, tmp_path / "x.tflite", quantize="int4")

@@ -30,11 +30,18 @@ def mlp(x, layer):
     return dense(gelu(dense(x, layer.fc1)), layer.fc2)
 
 
-def attention(x, layer, return_maps=False):
+def layer_call(x, layer):
+    """A sublayer applied through its own Keras call (e.g. a quantised
+    Dense, whose stored kernel holds integers)."""
+    return value(layer(np.asarray(x, "float32")))
+
+
+def attention(x, layer, return_maps=False, linear=dense):
+    """`linear(x, dense_layer)` computes the q/k/v and output projections."""
     b, n, d = x.shape
     h, hd, kd = layer.num_heads, layer.head_dim, layer.key_dim
     # Fused columns [q (h, kd) | k (h, kd) | v (h, hd)].
-    q, k, v = np.split(dense(x, layer.qkv), [h * kd, 2 * h * kd], axis=-1)
+    q, k, v = np.split(linear(x, layer.qkv), [h * kd, 2 * h * kd], axis=-1)
     q, k = q.reshape(b, n, h, kd), k.reshape(b, n, h, kd)
     v = v.reshape(b, n, h, hd)
     scores = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(kd)
@@ -44,7 +51,7 @@ def attention(x, layer, return_maps=False):
     if return_maps:
         return probs
     out = np.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, n, h * hd)
-    return dense(out, layer.proj)
+    return linear(out, layer.proj)
 
 
 def norm(x, layer):

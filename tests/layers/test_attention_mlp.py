@@ -72,6 +72,41 @@ def test_attention_equals_keras_multi_head_attention(rng, key_dim):
     assert MultiHeadSelfAttention.from_config(config).get_config() == config
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4", "float8", "lora"])
+@pytest.mark.parametrize("key_dim", [None, 6])
+def test_quantized_or_lora_projections_use_their_own_call(rng, mode, key_dim):
+    # A quantised Dense stores integer kernels whose scales only its call
+    # applies: the attention must not read `qkv.kernel` / `proj.kernel`
+    # (it did, silently: outputs off by ~100%).
+    layer = MultiHeadSelfAttention(num_heads=3, key_dim=key_dim)
+    x = rng.normal(size=(2, 7, 12)).astype("float32")
+    layer(x)
+    randomize_weights(layer)
+    float_out = keras.ops.convert_to_numpy(layer(x))
+    for projection in (layer.qkv, layer.proj):
+        if mode == "lora":
+            projection.enable_lora(2)
+            projection.lora_kernel_b.assign(
+                rng.normal(size=projection.lora_kernel_b.shape) * 0.3
+            )
+        else:
+            projection.quantize(mode)
+    expected = reference.attention(x, layer, linear=reference.layer_call)
+    assert_allclose(layer(x), expected, atol=1e-4, rtol=1e-4)
+    assert_allclose(
+        layer.attention_probabilities(x),
+        reference.attention(
+            x, layer, return_maps=True, linear=reference.layer_call
+        ),
+        atol=1e-5,
+    )
+    changed = np.abs(expected - float_out).max() / np.abs(float_out).max()
+    if mode == "lora":
+        assert changed > 0.05  # the adapters are in use
+    else:
+        assert 0 < changed < 0.1  # quantisation error, not garbage
+
+
 def test_attention_dropout_only_in_training(rng):
     layer = MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=0.5)
     x = rng.normal(size=(2, 5, 8)).astype("float32")

@@ -11,15 +11,20 @@ back with identical outputs).
 import inspect
 import json
 import re
+import warnings
 
 import keras
 import numpy as np
 import pytest
 
+from keras_jumbo import convert
 from keras_jumbo import models
 from keras_jumbo import nas
 from keras_jumbo._keras_internals import sublayers
+from keras_jumbo.models import base
 from keras_jumbo.models.base import ConfiguredModel
+from keras_jumbo.testing import assert_allclose
+from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_model_test
 
 MODEL_CLASSES = (
@@ -186,3 +191,77 @@ def test_every_model_refuses_a_non_positive_epsilon(group):
     overrides, _ = tiny(name)
     with pytest.raises(ValueError, match="layer_norm_epsilon"):
         models.create_model(name, **overrides, layer_norm_epsilon=-1.0)
+
+
+def quantize(model, mode="int8"):
+    with warnings.catch_warnings():
+        # Keras warns for every layer without weights to quantise.
+        warnings.simplefilter("ignore")
+        model.quantize(mode)
+    return model
+
+
+# One model per distinct layer set (ViT/Jumbo blocks, branchy blocks,
+# time-series blocks and fusion, multi-stage): every model quantises
+# through the same two places, the attention layer's fallback to its
+# sublayers' calls (tested in every Keras mode in the layer tests) and
+# `ConfiguredModel`'s `quantization` config; eager quantised calls cost
+# 10-30 s per model on JAX.
+QUANTIZED_GROUPS = ("jumbo_vit", "non_deep_vit_6x2", "ms_patchtst", "vit_res")
+
+
+@pytest.mark.parametrize("group", QUANTIZED_GROUPS)
+def test_models_quantize_save_and_reload(group, tmp_path):
+    """`model.quantize("int8")` (Keras' post-training quantisation) gives
+    the float model's outputs to quantisation error, and the quantised
+    model saves and reloads. Layers that read a Dense kernel directly
+    used to take its int8 values without their scales: outputs off by
+    50% to 10^4 x, silently."""
+    name = model_groups()[group][0]
+    overrides, x = tiny(name)
+    x = x.astype("float32")
+    model = models.create_model(name, **overrides)
+    randomize_weights(model, scale=0.2)
+    float_out = keras.ops.convert_to_numpy(model(x))
+    quantize(model)
+    quantized = base.quantized_layers(model)
+    assert quantized and all(
+        layer.quantization_mode == "int8" for layer in quantized.values()
+    )
+    out = keras.ops.convert_to_numpy(model(x))
+    error = np.abs(out - float_out).max() / np.abs(float_out).max()
+    assert error < 0.05, error
+    config = model.get_config()
+    assert sorted(config["quantization"]) == sorted(quantized)
+    model.save(tmp_path / "model.keras")
+    reloaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert type(reloaded) is type(model)
+    assert sorted(base.quantized_layers(reloaded)) == sorted(quantized)
+    assert_allclose(reloaded(x), out, atol=0, rtol=0)
+    assert normalised(reloaded.get_config()) == normalised(config)
+
+
+def test_quantization_argument_errors():
+    overrides, _ = tiny("vit_tiny")
+    with pytest.raises(TypeError, match="quantization"):
+        models.ViT(**overrides, quantization=["int8"])
+    with pytest.raises(ValueError, match="path='no/such/layer'"):
+        models.ViT(**overrides, quantization={"no/such/layer": {}})
+
+
+def test_transforms_refuse_a_quantized_model():
+    """Code that reads float weights names the quantised layers instead of
+    reading integers as floats."""
+    overrides, _ = tiny("non_deep_vit_6x2")
+    non_deep = quantize(models.create_model("non_deep_vit_6x2", **overrides))
+    with pytest.raises(ValueError, match="reparameterize.*quantised layers"):
+        convert.reparameterize(non_deep)
+    official = quantize(
+        convert.official_jumbo_model(
+            "pico", image_size=16, patch_size=8, num_classes=3
+        )
+    )
+    with pytest.raises(ValueError, match="with_config.*quantised layers"):
+        models.with_image_size(official, 32)
+    with pytest.raises(ValueError, match="load_official_jumbo.*quantised"):
+        convert.load_official_jumbo(official, {})
