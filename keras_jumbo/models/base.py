@@ -7,6 +7,10 @@ become both `get_config()` and attributes of the same names, which is what
 code that transforms a model reads.
 """
 
+import contextlib
+import functools
+import inspect
+
 import keras
 
 from keras_jumbo._keras_internals import sublayers
@@ -66,6 +70,35 @@ def check_not_quantized(
         )
 
 
+def _check_dtype(dtype):
+    """The `keras.DTypePolicy` of a model's `dtype` argument."""
+    try:
+        policy = keras.dtype_policies.get(dtype)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            "`dtype` must be a Keras dtype policy or its name (e.g. "
+            f'"float32", "mixed_bfloat16"). Received: dtype={dtype!r}'
+        ) from error
+    if policy.quantization_mode is not None:
+        raise ValueError(
+            "`dtype` cannot be a quantised policy; build the float model and "
+            f"call `model.quantize(...)`. Received: dtype={dtype!r}"
+        )
+    return policy
+
+
+@contextlib.contextmanager
+def _dtype_policy_scope(policy):
+    """Keras' global dtype policy is `policy` inside the block: the layers
+    a model class creates take it (sublayers inherit their parent's)."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
 class ConfiguredModel(keras.Model):
     """A functional model whose config is its constructor's arguments.
 
@@ -89,6 +122,29 @@ class ConfiguredModel(keras.Model):
 
     exposed_layers = ()
 
+    def __init_subclass__(cls, **kwargs):
+        """Every model class's constructor builds its layers with the
+        `dtype` argument's policy (e.g. `"mixed_bfloat16"`), as
+        keras-hub's backbones pass `dtype` to each layer; Keras' functional
+        model alone would drop it silently (float32 layers)."""
+        super().__init_subclass__(**kwargs)
+        init = vars(cls).get("__init__")
+        if init is None or getattr(init, "_dtype_scoped", False):
+            return
+
+        @functools.wraps(init)
+        def scoped_init(self, *args, **kw):
+            if kw.get("dtype") is None:
+                return init(self, *args, **kw)
+            kw["dtype"] = _check_dtype(kw["dtype"])
+            with _dtype_policy_scope(kw["dtype"]):
+                return init(self, *args, **kw)
+
+        # Keras reads the constructor's argument spec (`Operation.__new__`).
+        scoped_init.__signature__ = inspect.signature(init)
+        scoped_init._dtype_scoped = True
+        cls.__init__ = scoped_init
+
     def __setattr__(self, name, value):
         if name in self.exposed_layers:
             object.__setattr__(self, name, value)
@@ -97,6 +153,7 @@ class ConfiguredModel(keras.Model):
 
     def _finish(self, inputs, outputs, config, name, kwargs):
         quantization = kwargs.pop("quantization", None)
+        self._dtype_argument = kwargs.get("dtype")
         unknown = sorted(set(kwargs) - set(BASE_ARGUMENTS))
         if unknown:
             raise TypeError(
@@ -239,6 +296,8 @@ class ConfiguredModel(keras.Model):
             "trainable": self.trainable,
             **self._config,
         }
+        if self._dtype_argument is not None:
+            config["dtype"] = self._dtype_argument.name
         quantized = quantized_layers(self)
         if quantized:
             config["quantization"] = {

@@ -265,3 +265,50 @@ def test_transforms_refuse_a_quantized_model():
         models.with_image_size(official, 32)
     with pytest.raises(ValueError, match="load_official_jumbo.*quantised"):
         convert.load_official_jumbo(official, {})
+
+
+@pytest.mark.parametrize(
+    "group", sorted(model_groups()), ids=lambda group: group
+)
+def test_dtype_argument_reaches_every_layer(group):
+    """`dtype="mixed_bfloat16"` builds every layer with that policy (it
+    used to leave them all float32, silently) and is part of the config."""
+    name = model_groups()[group][0]
+    overrides, _ = tiny(name)
+    model = models.create_model(name, **overrides, dtype="mixed_bfloat16")
+    policies = {layer.dtype_policy.name for layer in sublayers(model)}
+    assert policies == {"mixed_bfloat16"}
+    assert model.get_config()["dtype"] == "mixed_bfloat16"
+    assert keras.config.dtype_policy().name == "float32"  # restored
+    assert "dtype" not in models.create_model(name, **overrides).get_config()
+
+
+@pytest.mark.parametrize("group", QUANTIZED_GROUPS)
+def test_mixed_precision_model_computes_the_float_function(group, tmp_path):
+    name = model_groups()[group][0]
+    overrides, x = tiny(name)
+    x = x.astype("float32")
+    model = models.create_model(name, **overrides)
+    randomize_weights(model, scale=0.2)
+    mixed = models.create_model(name, **overrides, dtype="mixed_bfloat16")
+    mixed.set_weights(model.get_weights())
+    assert all(w.dtype == "float32" for w in mixed.weights)
+    expected = keras.ops.convert_to_numpy(model(x))
+    out = mixed(x)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    out = keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
+    error = np.abs(out - expected).max() / np.abs(expected).max()
+    assert error < 0.05, error
+    mixed.save(tmp_path / "mixed.keras")
+    reloaded = keras.saving.load_model(tmp_path / "mixed.keras")
+    assert reloaded.get_config()["dtype"] == "mixed_bfloat16"
+    assert_allclose(keras.ops.cast(reloaded(x), "float32"), out, atol=0, rtol=0)
+
+
+def test_dtype_argument_errors():
+    overrides, _ = tiny("vit_tiny")
+    with pytest.raises(ValueError, match="dtype='bogus'"):
+        models.ViT(**overrides, dtype="bogus")
+    with pytest.raises(ValueError, match="model.quantize"):
+        models.ViT(**overrides, dtype="int8_from_float32")
+    assert keras.config.dtype_policy().name == "float32"
