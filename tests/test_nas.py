@@ -352,3 +352,15 @@ def test_channel_mask_layers():
     assert_allclose(nas.ApplyChannelMask()([x, mask]), x * mask, atol=0)
     with pytest.raises(ValueError, match="width"):
         nas.ChannelMask(0, 1)
+
+
+def test_subnet_keeps_the_supernets_dtype_policy():
+    space = tiny_space()
+    mixed = nas.ViTResSuperNet(
+        space, num_classes=5, image_size=56, dtype="mixed_bfloat16"
+    )
+    subnet = nas.extract_subnet(mixed, space, space.smallest())
+    assert subnet.get_config()["dtype"] == "mixed_bfloat16"
+    assert {layer.dtype_policy.name for layer in subnet.layers} == {
+        "mixed_bfloat16"
+    }

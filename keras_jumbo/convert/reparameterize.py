@@ -12,6 +12,7 @@ from keras_jumbo.layers import TokenPooling
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.models.base import check_not_quantized
+from keras_jumbo.models.base import dtype_policy_scope
 from keras_jumbo.models.non_deep_vit import NonDeepViT
 
 
@@ -156,67 +157,76 @@ def reparameterize(
     head = model.classifier
 
     # === Functional Model (plain ViT layers) ===
-    inputs = keras.Input(shape=model.inputs[0].shape[1:], name="images")
-    new_patch = PatchEmbedding.from_config(patch.get_config())
-    new_position = PositionEmbedding.from_config(position.get_config())
-    x = new_position(new_patch(inputs))
-    dim = patch.hidden_dim
-    x = keras.layers.Reshape((-1, dim), name="flatten")(x)
-    new_class_token = None
-    if class_token is not None:
-        new_class_token = ClassToken.from_config(class_token.get_config())
-        x = new_class_token(x)
-    assignments = []
-    for index, block in enumerate(blocks):
-        w = merged_block_weights(block)
-        if pad_values:
-            w = _pad_values(w, w["query_kernel"].shape[-1])
-        eps = block.layer_norm_epsilon
-        affine = not absorb_layer_norm
-        norm1 = keras.layers.LayerNormalization(
-            epsilon=eps, center=affine, scale=affine, name=f"block_{index}_ln1"
+    # Built under the branchy model's dtype policy (e.g. mixed_bfloat16):
+    # new Keras layers would otherwise take Keras' global policy.
+    with dtype_policy_scope(model.dtype_policy):
+        inputs = keras.Input(shape=model.inputs[0].shape[1:], name="images")
+        new_patch = PatchEmbedding.from_config(patch.get_config())
+        new_position = PositionEmbedding.from_config(position.get_config())
+        x = new_position(new_patch(inputs))
+        dim = patch.hidden_dim
+        x = keras.layers.Reshape((-1, dim), name="flatten")(x)
+        new_class_token = None
+        if class_token is not None:
+            new_class_token = ClassToken.from_config(class_token.get_config())
+            x = new_class_token(x)
+        assignments = []
+        for index, block in enumerate(blocks):
+            w = merged_block_weights(block)
+            if pad_values:
+                w = _pad_values(w, w["query_kernel"].shape[-1])
+            eps = block.layer_norm_epsilon
+            affine = not absorb_layer_norm
+            norm1 = keras.layers.LayerNormalization(
+                epsilon=eps,
+                center=affine,
+                scale=affine,
+                name=f"block_{index}_ln1",
+            )
+            heads = block.attention.num_heads
+            attention = MultiHeadSelfAttention(
+                num_heads=heads,
+                head_dim=w["value_kernel"].shape[-1],
+                key_dim=w["query_kernel"].shape[-1],
+                name=f"block_{index}_attention",
+            )
+            h = attention(norm1(x))
+            x = keras.layers.Add(name=f"block_{index}_add1")([x, h])
+            norm2 = keras.layers.LayerNormalization(
+                epsilon=eps,
+                center=affine,
+                scale=affine,
+                name=f"block_{index}_ln2",
+            )
+            fc1 = keras.layers.Dense(
+                w["fc1_kernel"].shape[-1],
+                # Our erf GELU (registered, serialisable): exported graphs then
+                # need no Erfc kernel (onnxruntime has none).
+                activation=get_activation(block.activation),
+                name=f"block_{index}_fc1",
+            )
+            fc2 = keras.layers.Dense(dim, name=f"block_{index}_fc2")
+            x = keras.layers.Add(name=f"block_{index}_add2")(
+                [x, fc2(fc1(norm2(x)))]
+            )
+            assignments.append((w, norm1, attention, norm2, fc1, fc2))
+        token_head = pooling.mode in ("token", "avg")
+        fold_final = absorb_layer_norm and head is not None and token_head
+        new_final = keras.layers.LayerNormalization(
+            epsilon=final_norm.epsilon,
+            center=not fold_final,
+            scale=not fold_final,
+            name="final_norm",
         )
-        heads = block.attention.num_heads
-        attention = MultiHeadSelfAttention(
-            num_heads=heads,
-            head_dim=w["value_kernel"].shape[-1],
-            key_dim=w["query_kernel"].shape[-1],
-            name=f"block_{index}_attention",
-        )
-        h = attention(norm1(x))
-        x = keras.layers.Add(name=f"block_{index}_add1")([x, h])
-        norm2 = keras.layers.LayerNormalization(
-            epsilon=eps, center=affine, scale=affine, name=f"block_{index}_ln2"
-        )
-        fc1 = keras.layers.Dense(
-            w["fc1_kernel"].shape[-1],
-            # Our erf GELU (registered, serialisable): exported graphs then
-            # need no Erfc kernel (onnxruntime has none).
-            activation=get_activation(block.activation),
-            name=f"block_{index}_fc1",
-        )
-        fc2 = keras.layers.Dense(dim, name=f"block_{index}_fc2")
-        x = keras.layers.Add(name=f"block_{index}_add2")(
-            [x, fc2(fc1(norm2(x)))]
-        )
-        assignments.append((w, norm1, attention, norm2, fc1, fc2))
-    token_head = pooling.mode in ("token", "avg")
-    fold_final = absorb_layer_norm and head is not None and token_head
-    new_final = keras.layers.LayerNormalization(
-        epsilon=final_norm.epsilon,
-        center=not fold_final,
-        scale=not fold_final,
-        name="final_norm",
-    )
-    x = new_final(x)
-    x = TokenPooling.from_config(pooling.get_config())(x)
-    new_head = None
-    if head is not None:
-        new_head = keras.layers.Dense(
-            head.units, activation=head.activation, name="head"
-        )
-        x = new_head(x)
-    result = keras.Model(inputs, x, name=f"{model.name}_reparameterized")
+        x = new_final(x)
+        x = TokenPooling.from_config(pooling.get_config())(x)
+        new_head = None
+        if head is not None:
+            new_head = keras.layers.Dense(
+                head.units, activation=head.activation, name="head"
+            )
+            x = new_head(x)
+        result = keras.Model(inputs, x, name=f"{model.name}_reparameterized")
 
     # === Weights ===
     new_patch.set_weights(patch.get_weights())

@@ -88,7 +88,7 @@ def _check_dtype(dtype):
 
 
 @contextlib.contextmanager
-def _dtype_policy_scope(policy):
+def dtype_policy_scope(policy):
     """Keras' global dtype policy is `policy` inside the block: the layers
     a model class creates take it (sublayers inherit their parent's)."""
     previous = keras.config.dtype_policy()
@@ -137,7 +137,7 @@ class ConfiguredModel(keras.Model):
             if kw.get("dtype") is None:
                 return init(self, *args, **kw)
             kw["dtype"] = _check_dtype(kw["dtype"])
-            with _dtype_policy_scope(kw["dtype"]):
+            with dtype_policy_scope(kw["dtype"]):
                 return init(self, *args, **kw)
 
         # Keras reads the constructor's argument spec (`Operation.__new__`).

@@ -451,6 +451,8 @@ def extract_subnet(supernet, space, arch, name=None):
         layer_norm_epsilon=supernet.layer_norm_epsilon,
         data_format=supernet.data_format,
         name=name or "vit_res_subnet",
+        # The super-network's `dtype` argument (e.g. mixed_bfloat16), if any.
+        **{k: v for k, v in supernet.get_config().items() if k == "dtype"},
     )
     pairs = list(zip(supernet.stem_layers, model.stem_layers, strict=True))
     for attribute in (

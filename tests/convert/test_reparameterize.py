@@ -119,3 +119,22 @@ def test_join_schedule_reaches_one_inside_fit_then_collapses_exactly():
     assert get_join_lambda(model) == [1.0, 1.0]
     plain = reparameterize(model)
     assert_allclose(plain(x), model(x), atol=1e-5, rtol=0)
+
+
+def test_mixed_precision_model_reparameterizes_in_its_policy(tmp_path):
+    """The plain model keeps the branchy model's dtype policy (its new
+    layers used to take Keras' global float32 policy, silently)."""
+    model = NonDeepViT(2, 2, **TINY, dtype="mixed_bfloat16")
+    randomize_weights(model, scale=0.2)
+    set_join_lambda(model, 1.0)
+    plain = reparameterize(model)
+    assert {layer.dtype_policy.name for layer in plain._flatten_layers()} == {
+        "mixed_bfloat16"
+    }
+    x = images()
+    out = keras.ops.convert_to_numpy(keras.ops.cast(plain(x), "float32"))
+    expected = keras.ops.convert_to_numpy(keras.ops.cast(model(x), "float32"))
+    assert np.abs(out - expected).max() < 0.05 * np.abs(expected).max()
+    plain.save(tmp_path / "plain.keras")
+    reloaded = keras.saving.load_model(tmp_path / "plain.keras")
+    assert reloaded.layers[-1].dtype_policy.name == "mixed_bfloat16"
