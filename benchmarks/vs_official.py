@@ -13,6 +13,9 @@ reported:
                       tested) with Keras' default compilation per backend
                       (XLA on JAX, `tf.function` on TensorFlow, eager on
                       PyTorch)
+    tensorflow_xla    keras_jumbo on TensorFlow with `jit_compile=True`
+                      (XLA; Keras' "auto" turns XLA off on CPU-only
+                      TensorFlow machines)
     torch_compile     keras_jumbo on PyTorch with `jit_compile=True`
                       (`torch.compile` of Keras' steps)
 
@@ -58,12 +61,14 @@ CONTENDERS = (
     "official_compile",
     "jax",
     "tensorflow",
+    "tensorflow_xla",
     "torch",
     "torch_compile",
 )
 KERAS_BACKENDS = {
     "jax": "jax",
     "tensorflow": "tensorflow",
+    "tensorflow_xla": "tensorflow",
     "torch": "torch",
     "torch_compile": "torch",
 }
@@ -202,7 +207,9 @@ def _keras(args, contender):
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=True if contender == "torch_compile" else "auto",
+        jit_compile=(
+            True if contender in ("torch_compile", "tensorflow_xla") else "auto"
+        ),
     )
     rng = np.random.default_rng(0)
     size = args.image_size
