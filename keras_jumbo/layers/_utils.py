@@ -62,6 +62,14 @@ def dense(layer, x):
     return y
 
 
+def add_all(tensors):
+    """The sum of a non-empty sequence of same-shape tensors."""
+    total = tensors[0]
+    for tensor in tensors[1:]:
+        total = total + tensor
+    return total
+
+
 def get_activation(activation):
     """Resolve an activation; "gelu" maps to the exact erf form above."""
     if activation == "gelu":

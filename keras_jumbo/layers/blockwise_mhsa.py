@@ -3,6 +3,7 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo.layers._utils import add_all
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
@@ -12,21 +13,31 @@ from keras_jumbo.layers.progressive_join import ProgressiveJoin
 
 
 def pairwise_cosine_squared(branches):
-    """Mean over branch pairs of E[cos(f_i, f_j)^2], branches on axis -2.
+    """Mean over branch pairs of E[cos(f_i, f_j)^2].
 
-    `branches` has shape `(..., n, D)`; the cosine is taken over D for each
-    position, squared, averaged over positions and over the n(n-1)/2 pairs
-    (Non-Deep ViT §4, diversity regularisation).
+    `branches` is a sequence of the n branch outputs, each `(..., D)`, or
+    one tensor `(..., n, D)` with the branches on axis -2. The cosine is
+    taken over D for each position, squared, averaged over positions and
+    over the n(n-1)/2 pairs (Non-Deep ViT §4, diversity regularisation).
+    The layers pass the list: stacking the branch outputs into one
+    tensor made XLA:CPU transpose every branch's FFN activations for the
+    weight gradients (the branchy model trained at 1.3x the time of its
+    same-MACs deep model; 1.03x from the list, `benchmarks/README.md`).
     """
-    n = branches.shape[-2]
-    norm = ops.sqrt(ops.sum(ops.square(branches), axis=-1, keepdims=True))
-    unit = branches / ops.maximum(norm, 1e-6)
-    gram = ops.einsum("...id,...jd->...ij", unit, unit)
-    off_diagonal = ops.sum(ops.square(gram)) - ops.sum(
-        ops.square(ops.diagonal(gram, axis1=-2, axis2=-1))
-    )
-    positions = ops.cast(ops.size(gram) // (n * n), gram.dtype)
-    return off_diagonal / (positions * n * (n - 1))
+    if not isinstance(branches, (list, tuple)):
+        branches = [branches[..., i, :] for i in range(branches.shape[-2])]
+    n = len(branches)
+    unit = [
+        f
+        / ops.maximum(ops.sqrt(ops.sum(ops.square(f), -1, keepdims=True)), 1e-6)
+        for f in branches
+    ]
+    terms = [
+        ops.mean(ops.square(ops.sum(unit[i] * unit[j], axis=-1)))
+        for i in range(n)
+        for j in range(i + 1, n)
+    ]
+    return add_all(terms) / (n * (n - 1) / 2)
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -263,10 +274,7 @@ class BlockwiseMHSA(keras.layers.Layer):
         what Non-Deep ViT's attention-map distillation compares with the
         teacher's (§4, "the averaged maps across branches")."""
         probabilities = self._probabilities(inputs)
-        total = probabilities[0]
-        for probs in probabilities[1:]:
-            total = total + probs
-        return total / len(probabilities)
+        return add_all(probabilities) / len(probabilities)
 
     def _project_out(self, heads, branch):
         out = ops.einsum(
@@ -278,26 +286,22 @@ class BlockwiseMHSA(keras.layers.Layer):
             out = out + ops.cast(self.output_bias[branch], heads.dtype)
         return out
 
+    def _branch_outputs(self, inputs, training=None):
+        """Each branch's output `(batch, length, D)`, a list of n."""
+        heads = self._heads(inputs, training=training)
+        return [self._project_out(h, b) for b, h in enumerate(heads)]
+
     def branch_outputs(self, inputs, training=None):
         """Per-branch outputs `(batch, length, n, D)` (summed by `call`)."""
-        heads = self._heads(inputs, training=training)
-        return ops.stack(
-            [self._project_out(h, b) for b, h in enumerate(heads)], axis=2
-        )
+        return ops.stack(self._branch_outputs(inputs, training), axis=2)
 
     def call(self, inputs, training=None):
+        branches = self._branch_outputs(inputs, training=training)
         if training and self.diversity_weight and self.num_branches > 1:
-            branches = self.branch_outputs(inputs, training=training)
             self.add_loss(
                 self.diversity_weight * pairwise_cosine_squared(branches)
             )
-            out = ops.sum(branches, axis=2)
-        else:
-            heads = self._heads(inputs, training=training)
-            out = self._project_out(heads[0], 0)
-            for b in range(1, self.num_branches):
-                out = out + self._project_out(heads[b], b)
-        return dropout(self.dropout, out, training)
+        return dropout(self.dropout, add_all(branches), training)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

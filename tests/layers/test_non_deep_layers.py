@@ -184,6 +184,11 @@ def test_diversity_loss_is_mean_squared_pairwise_cosine(rng):
         ]
     )
     assert float(pairwise_cosine_squared(f)) == pytest.approx(expected, 1e-5)
+    # the layers pass the branch outputs as a list (no stacked tensor)
+    as_list = [f[..., i, :] for i in range(3)]
+    assert float(pairwise_cosine_squared(as_list)) == pytest.approx(
+        expected, 1e-5
+    )
     block = ParallelBranchBlock(2, 8, num_branches=2, diversity_weight=0.2)
     x = ops.convert_to_tensor(rng.normal(size=(1, 3, 8)).astype("float32"))
     block(x)
