@@ -39,6 +39,8 @@ Usage (2-core CPU; about 10 minutes):
     python benchmarks/vs_official.py \
         --official-repo ../shared/peers/jumbo_official \
         --csv benchmarks/results/vs_official_cpu.csv
+    # every contender with glibc's mmap of large buffers turned off
+    python benchmarks/vs_official.py --official-repo DIR --allocator no-mmap
     # the paper's GPU comparison (Jumbo Table 6: RTX 4090, batch 512, bf16)
     python benchmarks/vs_official.py --official-repo DIR --device gpu \
         --batch 512 --train-batch 512 --bf16 --image-size 224
@@ -65,6 +67,15 @@ CONTENDERS = (
     "torch",
     "torch_compile",
 )
+# `--allocator no-mmap`: glibc malloc settings, given to every contender's
+# process alike, under which large buffers are reused from the heap instead
+# of being mapped fresh from the kernel (and page-faulted in) at every
+# allocation; benchmarks/README.md ("The allocator decides ...").
+NO_MMAP_MALLOC = {
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": "68719476736",
+}
 KERAS_BACKENDS = {
     "jax": "jax",
     "tensorflow": "tensorflow",
@@ -266,6 +277,8 @@ def worker(args):
 # --- the driver ----------------------------------------------------------
 def _run_worker(name, args, argv):
     env = dict(os.environ)
+    if args.allocator == "no-mmap":
+        env.update(NO_MMAP_MALLOC)
     if name in KERAS_BACKENDS:
         env["KERAS_BACKEND"] = KERAS_BACKENDS[name]
     elif name == "peak":
@@ -343,6 +356,14 @@ def main(argv=None):
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument(
+        "--allocator",
+        choices=("default", "no-mmap"),
+        default="default",
+        help="glibc malloc settings of every contender's process: the "
+        "default, or no-mmap (MALLOC_MMAP_MAX_=0 and friends; large "
+        "buffers reused instead of page-faulted in at every step)",
+    )
     parser.add_argument("--csv", help="write the rows here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -397,7 +418,8 @@ def main(argv=None):
     print(
         f"\n{args.size}, {args.image_size} px, inference batch {args.batch}, "
         f"training batch {args.train_batch}, {args.device}"
-        f"{', bf16' if args.bf16 else ''}, {args.rounds} rounds (median), "
+        f"{', bf16' if args.bf16 else ''}, {args.allocator} allocator, "
+        f"{args.rounds} rounds (median), "
         f"{platform.machine()} {os.cpu_count()} cores, {args.threads} "
         "threads"
     )
@@ -429,6 +451,7 @@ def main(argv=None):
                     "train_batch",
                     "device",
                     "bf16",
+                    "allocator",
                     "peak_gflops",
                     "macs",
                 ],
@@ -444,6 +467,7 @@ def main(argv=None):
                         "train_batch": args.train_batch,
                         "device": args.device,
                         "bf16": args.bf16,
+                        "allocator": args.allocator,
                         "peak_gflops": round(peak_gflops, 1),
                         "macs": macs,
                     }

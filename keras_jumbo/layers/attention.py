@@ -6,8 +6,19 @@ from keras import ops
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers._utils import dense
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.closed_form import softmax
+
+# Backends on which a plain attention call (no head mask, residual scores,
+# returned scores or active attention dropout) runs as one fused q/k/v
+# matmul and `ops.dot_product_attention` (PyTorch's fused
+# `scaled_dot_product_attention`), as the official code does: 1.07x
+# inference, 1.05-1.1x training on the PyTorch backend (pico, 2-core
+# AVX-512 CPU; benchmarks/README.md). On JAX the heads-first einsums below
+# are 2.35x faster than `dot_product_attention`
+# (`benchmarks/attention_layouts.py`).
+FUSED_ATTENTION_BACKENDS = ("torch",)
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -26,7 +37,14 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     head_dim)` layout from the fused kernel's columns, and the output
     projection contracts (heads, head_dim) at once: no transposes of
     activations (2.35x faster on a 2-core CPU than `ops.dot_product_attention`
-    on sliced projections; `benchmarks/attention_layouts.py`).
+    on sliced projections with JAX; `benchmarks/attention_layouts.py`).
+    On the PyTorch backend, where each op is dispatched eagerly, a plain
+    call (no `head_mask`, `previous_scores`, `return_scores` or active
+    attention dropout, and `key_dim == head_dim`) runs instead as the
+    official code does: one q/k/v matmul, `ops.dot_product_attention`
+    (torch's fused `scaled_dot_product_attention`) on views of it, one
+    output matmul — about a third of the ops, the same function (tested
+    against the einsum form to float32 round-off).
 
     Args:
         num_heads: int, number of heads.
@@ -221,6 +239,34 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         q, k, _ = self._qkv(inputs)
         return softmax(self._scores(q, k, previous_scores), axis=-1)
 
+    def _fused_call(self, x):
+        """The plain attention as one q/k/v matmul (through `dense`, so a
+        quantised or LoRA sublayer keeps its own call), `(batch, length, 3,
+        heads, head_dim)` views, `ops.dot_product_attention` and the output
+        matmul."""
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        y = ops.reshape(
+            dense(self.qkv, x),
+            (batch, length, 3, self.num_heads, self.head_dim),
+        )
+        out = ops.dot_product_attention(
+            y[:, :, 0],
+            y[:, :, 1],
+            y[:, :, 2],
+            scale=1.0 / math.sqrt(self.key_dim),
+        )
+        return dense(self.proj, ops.reshape(out, (batch, length, -1)))
+
+    def _uses_fused_call(self, training, head_mask, previous_scores, scores):
+        return (
+            keras.backend.backend() in FUSED_ATTENTION_BACKENDS
+            and head_mask is None
+            and previous_scores is None
+            and not scores
+            and self.key_dim == self.head_dim
+            and not (training and self.attention_dropout_rate)
+        )
+
     def call(
         self,
         inputs,
@@ -230,6 +276,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return_scores=False,
     ):
         x = inputs
+        if self._uses_fused_call(
+            training, head_mask, previous_scores, return_scores
+        ):
+            return dropout(self.dropout, self._fused_call(x), training)
         heads, head_dim = self.num_heads, self.head_dim
         q, k, v = self._qkv(x)
         scores = self._scores(q, k, previous_scores)

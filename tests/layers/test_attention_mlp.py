@@ -107,6 +107,55 @@ def test_quantized_or_lora_projections_use_their_own_call(rng, mode, key_dim):
         assert 0 < changed < 0.1  # quantisation error, not garbage
 
 
+@pytest.mark.parametrize("mode", [None, "int8", "lora"])
+def test_fused_attention_call_equals_the_einsum_form(rng, mode):
+    # The PyTorch backend's plain call (one q/k/v matmul and
+    # `ops.dot_product_attention`), run here on every backend, against the
+    # written-out attention and against the einsum form `call` uses with a
+    # head mask of ones.
+    layer = MultiHeadSelfAttention(num_heads=3)
+    x = rng.normal(size=(2, 7, 12)).astype("float32")
+    layer(x)
+    randomize_weights(layer)
+    linear = None
+    if mode == "lora":
+        for projection in (layer.qkv, layer.proj):
+            projection.enable_lora(2)
+            projection.lora_kernel_b.assign(
+                rng.normal(size=projection.lora_kernel_b.shape) * 0.3
+            )
+        linear = reference.layer_call
+    elif mode == "int8":
+        layer.qkv.quantize(mode)
+        layer.proj.quantize(mode)
+        linear = reference.layer_call
+    kwargs = {"linear": linear} if linear else {}
+    expected = reference.attention(x, layer, **kwargs)
+    assert_allclose(layer._fused_call(x), expected, atol=1e-5, rtol=1e-5)
+    ones = np.ones((2, 1, 12), "float32")
+    assert_allclose(
+        layer._fused_call(x), layer(x, head_mask=ones), atol=1e-5, rtol=1e-5
+    )
+
+
+def test_fused_attention_only_for_a_plain_call_on_torch():
+    layer = MultiHeadSelfAttention(num_heads=2)
+    layer.build((1, 4, 8))
+    on_torch = keras.backend.backend() == "torch"
+    assert layer._uses_fused_call(None, None, None, False) == on_torch
+    assert layer._uses_fused_call(True, None, None, False) == on_torch
+    assert not layer._uses_fused_call(None, np.ones((1, 1, 8)), None, False)
+    assert not layer._uses_fused_call(None, None, np.zeros((1, 2, 4, 4)), False)
+    assert not layer._uses_fused_call(None, None, None, True)
+    wide_keys = MultiHeadSelfAttention(num_heads=2, key_dim=6)
+    wide_keys.build((1, 4, 8))
+    assert not wide_keys._uses_fused_call(None, None, None, False)
+    dropping = MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=0.1)
+    dropping.build((1, 4, 8))
+    assert not dropping._uses_fused_call(True, None, None, False)
+    assert dropping._uses_fused_call(False, None, None, False) == on_torch
+
+
 def test_attention_dropout_only_in_training(rng):
     layer = MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=0.5)
     x = rng.normal(size=(2, 5, 8)).astype("float32")
