@@ -254,6 +254,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             y[:, :, 1],
             y[:, :, 2],
             scale=1.0 / math.sqrt(self.key_dim),
+            # Not Keras' own flash check: on PyTorch it builds a CUDA
+            # `SDPAParams` object, a graph break under `torch.compile`
+            # (`jit_compile=True` ran at half speed); torch's
+            # `scaled_dot_product_attention` still picks its fused kernel.
+            flash_attention=False,
         )
         return dense(self.proj, ops.reshape(out, (batch, length, -1)))
 
