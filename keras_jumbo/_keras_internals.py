@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these three things:
+Keras 3.15 has no public way to do these four things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -9,11 +9,15 @@ Keras 3.15 has no public way to do these three things:
   `Functional._nodes_by_depth`;
 - on JAX, copy the trainer's state back into the variables in the middle
   of `fit`, so a callback reads and writes the current values:
-  `Model.jax_state_sync`.
+  `Model.jax_state_sync`;
+- on PyTorch, empty the losses layers added with `add_loss` once a
+  training step has used them: `Layer._clear_losses`.
 
 Everything else in keras_jumbo uses public Keras API only; if a future
 Keras offers these, this module is the one place to change.
 """
+
+import keras
 
 
 def sublayers(layer, include_self=False):
@@ -46,3 +50,15 @@ def sync_state(model):
     sync = getattr(model, "jax_state_sync", None)
     if sync is not None:
         sync()
+
+
+def release_added_losses(model):
+    """On PyTorch, after a training step: empty the losses that `model`'s
+    layers added with `add_loss` (the Non-Deep ViT's diversity loss,
+    attention-map distillation). Keras clears them only when the next call
+    starts, so each step's loss tensor outlives the step; under
+    `torch.compile` (`jit_compile=True`) Dynamo guards on that tensor and
+    recompiled the whole step every time it was freed, i.e. at every step.
+    The step has summed the losses already; nothing else reads them."""
+    if keras.backend.backend() == "torch":
+        model._clear_losses()

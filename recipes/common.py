@@ -160,10 +160,9 @@ def parser(recipe, description):
         default="auto",
         help="auto: XLA on JAX and TensorFlow (Keras' own default turns "
         "XLA off for TensorFlow on CPU-only machines; with it, pico trains "
-        "1.26x faster there), eager on PyTorch (torch.compile takes "
-        "minutes to compile on CPU, needs a C++ compiler, and recompiles at "
-        "every step while a layer adds a loss, as the Non-Deep ViT's "
-        "diversity loss does); benchmarks/README.md",
+        "1.26x faster there), eager on PyTorch (torch.compile: faster "
+        "steps, but minutes of compiling on a CPU and a C++ compiler "
+        "needed); benchmarks/README.md",
     )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--verbose", type=int, default=2)

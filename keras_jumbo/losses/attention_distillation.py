@@ -7,6 +7,7 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._keras_internals import release_added_losses
 from keras_jumbo.losses.distillation import student_teacher_arguments
 from keras_jumbo.losses.distillation import student_teacher_config
 
@@ -181,6 +182,12 @@ class AttentionMapDistiller(keras.Model):
             pairs.append((ops.stop_gradient(teacher), student))
         loss = attention_map_loss([t for t, _ in pairs], [s for _, s in pairs])
         return outputs, self.weight * loss
+
+    def train_step(self, *args, **kwargs):
+        # PyTorch + `jit_compile=True`: see `release_added_losses`.
+        result = super().train_step(*args, **kwargs)
+        release_added_losses(self)
+        return result
 
     def call(self, inputs, training=None):
         if not training:

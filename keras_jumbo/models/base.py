@@ -13,6 +13,7 @@ import inspect
 
 import keras
 
+from keras_jumbo._keras_internals import release_added_losses
 from keras_jumbo._keras_internals import sublayers
 
 
@@ -217,6 +218,13 @@ class ConfiguredModel(keras.Model):
         else:
             self._check_data(validation)
         return super().fit(x, *args, **kwargs)
+
+    def train_step(self, *args, **kwargs):
+        # PyTorch + `jit_compile=True`: without this, a layer's `add_loss`
+        # made torch.compile recompile every step (benchmarks/README.md).
+        result = super().train_step(*args, **kwargs)
+        release_added_losses(self)
+        return result
 
     def evaluate(self, x=None, *args, **kwargs):
         self._check_data(x)

@@ -237,3 +237,39 @@ def test_nano_builds_with_defaults():
     assert encoder.blocks[0].jumbo_multiplier == 6
     assert encoder.blocks[0].jumbo_mlp_dim == 4 * 6 * 128
     assert tuple(model.input.shape) == (None, 224, 224, 3)
+
+
+def test_training_step_counts_the_added_losses_and_then_releases_them(rng):
+    # The Non-Deep ViT's diversity loss goes through `add_loss`. A training
+    # step must add it to the loss it reports, and on PyTorch release it
+    # afterwards: a loss tensor kept past the step made `torch.compile`
+    # (`jit_compile=True`) recompile the step every time.
+    model = models.NonDeepViT(
+        depth=2,
+        num_branches=2,
+        num_classes=5,
+        hidden_dim=16,
+        num_heads=2,
+        image_size=16,
+        patch_size=8,
+        initial_lambda=0.3,
+        diversity_weight=2.0,
+    )
+    randomize_weights(model)
+    x = rng.normal(size=(4, 16, 16, 3)).astype("float32")
+    y = np.array([0, 1, 2, 4])
+    logits = model(x, training=True)
+    added = [keras.ops.convert_to_numpy(loss) for loss in model.losses]
+    assert len(added) == 4 and all(value > 0 for value in added)
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True
+    )(y, logits)
+    expected = float(keras.ops.convert_to_numpy(cross_entropy)) + sum(added)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    reported = model.train_on_batch(x, y)
+    assert_allclose(reported, expected, rtol=1e-5, atol=1e-5)
+    if keras.backend.backend() == "torch":
+        assert model.losses == []
