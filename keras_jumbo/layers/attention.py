@@ -11,7 +11,8 @@ from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.closed_form import softmax
 
 # Backends on which a plain attention call (no head mask, residual scores,
-# returned scores or active attention dropout) runs as one fused q/k/v
+# returned scores or active attention dropout; `key_dim == head_dim`;
+# `MultiHeadSelfAttention._uses_fused_call`) runs as one fused q/k/v
 # matmul and `ops.dot_product_attention` (PyTorch's fused
 # `scaled_dot_product_attention`), as the official code does: 1.07x
 # inference, 1.05-1.1x training on the PyTorch backend (pico, 2-core
