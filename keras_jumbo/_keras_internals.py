@@ -62,3 +62,13 @@ def release_added_losses(model):
     The step has summed the losses already; nothing else reads them."""
     if keras.backend.backend() == "torch":
         model._clear_losses()
+
+
+class ReleasesAddedLosses:
+    """Mixin for a `keras.Model` subclass: its `train_step` ends with
+    `release_added_losses` (list it before `keras.Model` in the bases)."""
+
+    def train_step(self, *args, **kwargs):
+        result = super().train_step(*args, **kwargs)
+        release_added_losses(self)
+        return result

@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from keras_jumbo._keras_internals import release_added_losses
+from keras_jumbo._keras_internals import ReleasesAddedLosses
 from keras_jumbo.losses.distillation import student_teacher_arguments
 from keras_jumbo.losses.distillation import student_teacher_config
 
@@ -65,7 +65,7 @@ def _num_patches(model):
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
-class AttentionMapDistiller(keras.Model):
+class AttentionMapDistiller(ReleasesAddedLosses, keras.Model):
     """Train a student ViT whose attention maps follow a frozen teacher's.
 
     Behaves as the student at inference. In training, `call` runs the
@@ -182,12 +182,6 @@ class AttentionMapDistiller(keras.Model):
             pairs.append((ops.stop_gradient(teacher), student))
         loss = attention_map_loss([t for t, _ in pairs], [s for _, s in pairs])
         return outputs, self.weight * loss
-
-    def train_step(self, *args, **kwargs):
-        # PyTorch + `jit_compile=True`: see `release_added_losses`.
-        result = super().train_step(*args, **kwargs)
-        release_added_losses(self)
-        return result
 
     def call(self, inputs, training=None):
         if not training:

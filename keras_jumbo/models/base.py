@@ -13,7 +13,7 @@ import inspect
 
 import keras
 
-from keras_jumbo._keras_internals import release_added_losses
+from keras_jumbo._keras_internals import ReleasesAddedLosses
 from keras_jumbo._keras_internals import sublayers
 
 
@@ -100,7 +100,7 @@ def dtype_policy_scope(policy):
         keras.config.set_dtype_policy(previous)
 
 
-class ConfiguredModel(keras.Model):
+class ConfiguredModel(ReleasesAddedLosses, keras.Model):
     """A functional model whose config is its constructor's arguments.
 
     `exposed_layers` names attributes that point at layers of the graph
@@ -218,13 +218,6 @@ class ConfiguredModel(keras.Model):
         else:
             self._check_data(validation)
         return super().fit(x, *args, **kwargs)
-
-    def train_step(self, *args, **kwargs):
-        # PyTorch + `jit_compile=True`: without this, a layer's `add_loss`
-        # made torch.compile recompile every step (benchmarks/README.md).
-        result = super().train_step(*args, **kwargs)
-        release_added_losses(self)
-        return result
 
     def evaluate(self, x=None, *args, **kwargs):
         self._check_data(x)
