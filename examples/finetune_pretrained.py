@@ -95,7 +95,7 @@ def main(argv=None):
         preset, num_classes=10, image_size=args.image_size
     )
     steps = int(np.ceil(len(x_train) / args.batch_size)) * args.epochs
-    schedule = keras.optimizers.schedules.CosineDecay(
+    schedule = keras_jumbo.schedules.WarmupCosineDecay(
         0.0,
         decay_steps=steps - steps // 10,
         warmup_target=args.learning_rate,

@@ -81,7 +81,7 @@ def main(argv=None):
         jumbo_mlp_ratio=args.jumbo_mlp_ratio,
     )
     steps = int(np.ceil(len(x_train) * 0.9 / args.batch_size)) * args.epochs
-    schedule = keras.optimizers.schedules.CosineDecay(
+    schedule = keras_jumbo.schedules.WarmupCosineDecay(
         0.0,
         decay_steps=steps - steps // 10,
         warmup_target=args.learning_rate,

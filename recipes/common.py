@@ -42,6 +42,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -94,6 +95,8 @@ class ImageRecipe:
     around the one being trained (e.g. an attention-map distiller); the
     inner model is the one saved. `state` is scratch space shared by a
     recipe's hooks. `smoke` overrides fields for `--smoke`.
+    `torch_compile=False` keeps `--jit-compile auto` eager on PyTorch
+    whatever the run's length (`resolve_jit_compile`).
     """
 
     name: str
@@ -117,6 +120,7 @@ class ImageRecipe:
     map_stream: Callable | None = None
     evaluate: Callable | None = None
     wrap_model: Callable | None = None
+    torch_compile: bool = True
     state: dict = dataclasses.field(default_factory=dict)
     smoke: dict = dataclasses.field(default_factory=dict)
 
@@ -160,23 +164,60 @@ def parser(recipe, description):
         default="auto",
         help="auto: XLA on JAX and TensorFlow (Keras' own default turns "
         "XLA off for TensorFlow on CPU-only machines; with it, pico trains "
-        "1.26x faster there), eager on PyTorch (torch.compile: faster "
-        "steps, but minutes of compiling on a CPU and a C++ compiler "
-        "needed); benchmarks/README.md",
+        "1.26x faster there); on PyTorch torch.compile for a run of at "
+        f"least {TORCH_COMPILE_MIN_STEPS} training steps when a C++ "
+        "compiler is found, else eager (compiling takes minutes on a CPU "
+        "and pays back after a few thousand steps); benchmarks/README.md",
     )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--verbose", type=int, default=2)
     return p
 
 
-def resolve_jit_compile(flag):
-    """`--jit-compile` as `model.compile`'s argument. "auto" is XLA on
-    TensorFlow too: Keras' "auto" turns it off on CPU-only TensorFlow
-    machines, where it is the faster setting (`benchmarks/vs_official.py`,
-    `tensorflow_xla`: 1.26x training, 1.27x inference at pico)."""
-    if flag == "auto":
-        return True if keras.backend.backend() == "tensorflow" else "auto"
-    return flag == "true"
+# "auto" compiles PyTorch runs of at least this many training steps. On a
+# 2-core CPU compiling the smoke recipes' steps took 1.3-2.7 minutes (Jumbo
+# pico with distillation, Non-Deep ViT 6x2 with its diversity loss) and cut
+# the Jumbo step from 115 to 62 ms: it paid back after ~1,500 steps; the
+# margin covers larger models' longer compiles (benchmarks/README.md).
+TORCH_COMPILE_MIN_STEPS = 10_000
+
+
+def cxx_compiler():
+    """The C++ compiler torch.compile's CPU code generation would use
+    (`$CXX`, else `g++`, `c++` or `clang++` on the PATH), or None."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def resolve_jit_compile(flag, total_steps, torch_compile=True):
+    """`--jit-compile` as `model.compile`'s argument, for a run of
+    `total_steps` training steps.
+
+    "auto" is XLA on JAX and on TensorFlow too: Keras' "auto" turns it off
+    on CPU-only TensorFlow machines, where it is the faster setting
+    (`benchmarks/vs_official.py`, `tensorflow_xla`: 1.26x training, 1.27x
+    inference at pico). On PyTorch "auto" is `torch.compile` for a run of
+    at least `TORCH_COMPILE_MIN_STEPS` steps when a C++ compiler is found
+    (`cxx_compiler`), else eager: compiling costs minutes once, each step
+    is then faster (pico training 1.26x the official eager step, eager
+    keras_jumbo 0.95x). `torch_compile=False` (a recipe whose compiled
+    step is no faster) keeps "auto" eager on PyTorch."""
+    if flag not in ("auto", "true", "false"):
+        raise ValueError(
+            "`jit_compile` must be one of 'auto', 'true', 'false'. "
+            f"Received: jit_compile={flag!r}"
+        )
+    if flag != "auto":
+        return flag == "true"
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return True
+    if backend == "torch":
+        long_run = total_steps >= TORCH_COMPILE_MIN_STEPS
+        return torch_compile and long_run and bool(cxx_compiler())
+    return "auto"
 
 
 def _smoke_data(args):
@@ -446,11 +487,18 @@ def run(recipe, argv=None, description=None, extra_callbacks=()):
             weight_decay=recipe.weight_decay,
             global_clipnorm=recipe.clipnorm,
         )
+        jit_compile = resolve_jit_compile(
+            args.jit_compile, total_steps, recipe.torch_compile
+        )
+        print(
+            f"jit_compile={jit_compile!r} (--jit-compile {args.jit_compile}, "
+            f"{keras.backend.backend()}, {total_steps} training steps)"
+        )
         trained.compile(
             optimizer=optimizer,
             loss=loss,
             metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-            jit_compile=resolve_jit_compile(args.jit_compile),
+            jit_compile=jit_compile,
         )
         if not trained.built:  # BackupAndRestore needs built weights
             size = recipe.image_size

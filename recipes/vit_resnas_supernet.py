@@ -252,6 +252,9 @@ def recipe(
         make_train_data=train_data,
         map_stream=map_stream,
         evaluate=evaluate_largest,
+        # Under torch.compile the sampled architectures retrace the step:
+        # the smoke run's compiled step took 91 ms against 82 ms eager.
+        torch_compile=False,
         state=state,
         smoke=dict(
             image_size=56,

@@ -497,10 +497,41 @@ def test_non_deep_stages_chain_pretrain_join_finetune(tmp_path):
         )
 
 
-def test_jit_compile_flag_chooses_xla_on_tensorflow():
+def test_jit_compile_flag_per_backend(monkeypatch):
     """Keras' "auto" turns XLA off for TensorFlow on CPU-only machines,
-    where XLA trains pico 1.26x faster; the recipes' "auto" keeps it on."""
-    expected = True if keras.backend.backend() == "tensorflow" else "auto"
-    assert common.resolve_jit_compile("auto") == expected
-    assert common.resolve_jit_compile("true") is True
-    assert common.resolve_jit_compile("false") is False
+    where XLA trains pico 1.26x faster; the recipes' "auto" keeps it on.
+    On PyTorch "auto" compiles long runs only, and only with a compiler."""
+    backend = keras.backend.backend()
+    long_run = common.TORCH_COMPILE_MIN_STEPS
+    monkeypatch.setattr(common, "cxx_compiler", lambda: "g++")
+    expected = {"tensorflow": True, "torch": False, "jax": "auto"}[backend]
+    assert common.resolve_jit_compile("auto", long_run - 1) == expected
+    expected = {"tensorflow": True, "torch": True, "jax": "auto"}[backend]
+    assert common.resolve_jit_compile("auto", long_run) == expected
+    assert (
+        common.resolve_jit_compile("auto", long_run, False)
+        == {
+            "tensorflow": True,
+            "torch": False,
+            "jax": "auto",
+        }[backend]
+    )
+    monkeypatch.setattr(common, "cxx_compiler", lambda: None)
+    expected = {"tensorflow": True, "torch": False, "jax": "auto"}[backend]
+    assert common.resolve_jit_compile("auto", long_run) == expected
+    for steps in (1, long_run):
+        assert common.resolve_jit_compile("true", steps) is True
+        assert common.resolve_jit_compile("false", steps) is False
+    with pytest.raises(ValueError, match="jit_compile='yes'"):
+        common.resolve_jit_compile("yes", 1)
+
+
+def test_cxx_compiler_prefers_cxx_variable(monkeypatch, tmp_path):
+    compiler = tmp_path / "my-c++"
+    compiler.write_text("#!/bin/sh\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    assert common.cxx_compiler() == str(compiler)
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert common.cxx_compiler() is None
