@@ -133,11 +133,13 @@ def profile(args):
     import keras
     import numpy as np
 
+    from keras_jumbo import optimizers
+
     if keras.backend.backend() != "jax":
         raise SystemExit("This profile reads XLA traces: KERAS_BACKEND=jax.")
     model = build(args.model, args.image_size, args.num_classes)
     model.compile(
-        optimizer=keras.optimizers.AdamW(1e-3),
+        optimizer=optimizers.AdamW(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     rng = np.random.default_rng(0)

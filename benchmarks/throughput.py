@@ -43,6 +43,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_jumbo import models  # noqa: E402
+from keras_jumbo import optimizers  # noqa: E402
 
 # `--models cpu`: one or more sizes of every family, small enough for a CPU.
 CPU_MODELS = (
@@ -234,7 +235,7 @@ def measure(name, image_size, batch, steps, num_classes=1000, train=True):
         "dtype_policy": keras.config.dtype_policy().name,
     }
     if train:
-        model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss)
+        model.compile(optimizer=optimizers.AdamW(1e-4), loss=loss)
         rss_before = _rss_bytes()
         seconds = _seconds_per_step(lambda: model.train_on_batch(x, y), steps)
         row["train_img_s"] = round(batch / seconds, 1)
@@ -261,7 +262,7 @@ def jit_ratio(name, image_size, batch, steps, num_classes=1000):
     for jit in (True, False):
         model = _build(name, image_size, num_classes)
         model.compile(
-            optimizer=keras.optimizers.AdamW(1e-4),
+            optimizer=optimizers.AdamW(1e-4),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=jit,
         )

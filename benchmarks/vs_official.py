@@ -211,12 +211,13 @@ def _keras(args, contender):
         keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
     from keras_jumbo import convert
     from keras_jumbo import models
+    from keras_jumbo import optimizers
 
     model = convert.official_jumbo_model(
         args.size, image_size=args.image_size, num_classes=args.num_classes
     )
     model.compile(
-        optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
+        optimizer=optimizers.AdamW(1e-3, weight_decay=0.05),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=(
             True if contender in ("torch_compile", "tensorflow_xla") else "auto"

@@ -39,6 +39,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_jumbo import nas  # noqa: E402
+from keras_jumbo import optimizers  # noqa: E402
 from keras_jumbo.data import load_fashion_mnist  # noqa: E402
 
 MEAN, STD = 0.2860, 0.3530
@@ -97,7 +98,7 @@ def main(argv=None):
     )
     steps = args.epochs * len(batches)
     supernet.compile(
-        optimizer=keras.optimizers.AdamW(
+        optimizer=optimizers.AdamW(
             keras.optimizers.schedules.CosineDecay(2e-3, steps),
             weight_decay=0.05,
         ),

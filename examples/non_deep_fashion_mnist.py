@@ -67,7 +67,7 @@ def main(argv=None):
     model = kj.models.NonDeepViT(args.depth, args.branches, **common)
     steps = int(np.ceil(len(x_train) / args.batch_size)) * args.epochs
     model.compile(
-        optimizer=keras.optimizers.AdamW(2e-3, weight_decay=0.05),
+        optimizer=kj.optimizers.AdamW(2e-3, weight_decay=0.05),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )

@@ -89,7 +89,7 @@ def main(argv=None):
         alpha=0.01,
     )
     model.compile(
-        optimizer=keras.optimizers.AdamW(
+        optimizer=keras_jumbo.optimizers.AdamW(
             schedule, weight_decay=0.05, global_clipnorm=1.0
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -7,6 +7,7 @@ from keras_jumbo import layers
 from keras_jumbo import losses
 from keras_jumbo import models
 from keras_jumbo import nas
+from keras_jumbo import optimizers
 from keras_jumbo import presets
 from keras_jumbo import schedules
 from keras_jumbo.version import __version__
@@ -20,6 +21,7 @@ __all__ = [
     "losses",
     "models",
     "nas",
+    "optimizers",
     "presets",
     "schedules",
 ]

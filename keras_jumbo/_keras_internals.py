@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these four things:
+Keras 3.15 has no public way to do these six things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -11,13 +11,104 @@ Keras 3.15 has no public way to do these four things:
   of `fit`, so a callback reads and writes the current values:
   `Model.jax_state_sync`;
 - on PyTorch, empty the losses layers added with `add_loss` once a
-  training step has used them: `Layer._clear_losses`.
+  training step has used them: `Layer._clear_losses`;
+- on eager PyTorch, call a built sublayer's `call` without the ~70 us of
+  `Layer.__call__` when that machinery has nothing to do (`call_sublayer`
+  below reads `Layer._remat_mode` and `torch.nn.Module`'s hook dicts to
+  know);
+- update all of an optimizer's variables in one step (one fused kernel):
+  Keras' only public hook is the per-variable `update_step`, so
+  `keras_jumbo.optimizers.AdamW` overrides the whole-step hooks
+  `_apply_weight_decay` / `_backend_update_step` and reads its slots with
+  `adam_slots`, `decays_weight` and `torch_adam_update` below.
 
 Everything else in keras_jumbo uses public Keras API only; if a future
 Keras offers these, this module is the one place to change.
 """
 
 import keras
+
+
+def _direct_call_ok(layer, inputs):
+    """Whether `layer.__call__(inputs, ...)` would only run `layer.call`.
+
+    True on the PyTorch backend for a built float layer whose call Keras
+    would not wrap in anything: no quantisation, rematerialisation,
+    activity regulariser, mixed-precision autocast or input cast (the
+    input already has the layer's dtype), and no torch module hooks or
+    tracing. Everything else goes through `__call__`.
+    """
+    if keras.backend.backend() != "torch" or not layer.built:
+        return False
+    if (
+        getattr(layer, "quantization_mode", None) is not None
+        or getattr(layer, "_remat_mode", None) is not None
+        or layer.activity_regularizer is not None
+        or layer.compute_dtype != layer.variable_dtype
+        or not keras.ops.is_tensor(inputs)
+        or keras.backend.standardize_dtype(inputs.dtype) != layer.input_dtype
+    ):
+        return False
+    import torch
+    from torch.nn.modules import module
+
+    return not (
+        torch._C._get_tracing_state()
+        or layer._forward_hooks
+        or layer._forward_pre_hooks
+        or layer._backward_hooks
+        or layer._backward_pre_hooks
+        or module._global_forward_hooks
+        or module._global_forward_pre_hooks
+        or module._global_backward_hooks
+        or module._global_backward_pre_hooks
+    )
+
+
+def call_sublayer(layer, inputs, *args, **kwargs):
+    """`layer(inputs, *args, **kwargs)` for a block's built sublayer.
+
+    On eager PyTorch `Layer.__call__` costs ~70 us per call around a
+    LayerNorm whose kernel takes ~10 us, and a ViT block calls four to
+    six sublayers; when that machinery would do nothing but call
+    `layer.call` (see `_direct_call_ok`), this calls `layer.call`
+    directly. The caller passes `training` explicitly when the sublayer
+    takes it (the block's own, already resolved by its `__call__`, which
+    keeps the call context for any layer called further in). Same
+    outputs either way (tested); on JAX and TensorFlow, where the call is
+    traced once, it is always `layer(...)`.
+    """
+    if _direct_call_ok(layer, inputs):
+        return layer.call(inputs, *args, **kwargs)
+    return layer(inputs, *args, **kwargs)
+
+
+def adam_slots(optimizer, variable):
+    """The Adam slot variables of `variable`: `(momentum, velocity,
+    velocity_hat)`, the last `None` unless `amsgrad`."""
+    index = optimizer._get_variable_index(variable)
+    hat = optimizer._velocity_hats[index] if optimizer.amsgrad else None
+    return optimizer._momentums[index], optimizer._velocities[index], hat
+
+
+def decays_weight(optimizer, variable):
+    """Whether the optimizer's weight decay applies to `variable`
+    (`weight_decay` set and `variable` not excluded from it)."""
+    return bool(optimizer.weight_decay) and optimizer._use_weight_decay(
+        variable
+    )
+
+
+def torch_adam_update(optimizer, grads, variables, learning_rate):
+    """Keras' own PyTorch Adam update (its `torch._foreach_*` passes) for
+    an Adam-family `optimizer` that is not Keras' class itself."""
+    import torch
+    from keras.src.backend.torch.optimizers import torch_adam
+
+    with torch.no_grad():
+        torch_adam.Adam._parallel_update_step(
+            optimizer, grads, variables, learning_rate
+        )
 
 
 def sublayers(layer, include_self=False):

@@ -54,6 +54,7 @@ from keras_jumbo import data as kj_data
 from keras_jumbo import distribution as kj_distribution
 from keras_jumbo import losses as kj_losses
 from keras_jumbo import models as kj_models
+from keras_jumbo import optimizers as kj_optimizers
 from keras_jumbo.schedules import warmup_cosine
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -477,7 +478,7 @@ def run(recipe, argv=None, description=None, extra_callbacks=()):
             loss = None
         if recipe.wrap_model is not None:
             trained = recipe.wrap_model(model, args, train)
-        optimizer = keras.optimizers.AdamW(
+        optimizer = kj_optimizers.AdamW(
             warmup_cosine(
                 recipe.learning_rate,
                 total_steps,

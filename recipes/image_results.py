@@ -79,6 +79,7 @@ from keras_jumbo import convert
 from keras_jumbo import data
 from keras_jumbo import models
 from keras_jumbo import nas
+from keras_jumbo import optimizers
 from keras_jumbo.schedules import warmup_cosine
 from recipes import vit_resnas_supernet as resnas_recipe
 from recipes.non_deep_vit import join_warmup_steps
@@ -233,7 +234,7 @@ def fit(model, train, epochs, learning_rate=2e-3, callbacks=()):
     """Compile with a fresh AdamW (warm-up + cosine over this fit) and
     train; the seconds it took."""
     model.compile(
-        optimizer=keras.optimizers.AdamW(
+        optimizer=optimizers.AdamW(
             warmup_cosine(learning_rate, epochs * len(train)),
             weight_decay=0.05,
         ),

@@ -61,12 +61,11 @@ Commands:
 import argparse
 import os
 
-import keras
-
 from keras_jumbo import callbacks
 from keras_jumbo import convert
 from keras_jumbo import losses
 from keras_jumbo import models
+from keras_jumbo import optimizers
 from recipes import common
 
 VARIANTS = {"6x2": (6, 2), "4x3": (4, 3), "3x4": (3, 4)}
@@ -119,7 +118,7 @@ def smoke_attention_teacher(train, image_size, epochs=2):
         teacher,
         train,
         epochs,
-        keras.optimizers.AdamW(2e-3),
+        optimizers.AdamW(2e-3),
         label="attention teacher",
     )
 

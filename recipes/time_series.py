@@ -49,6 +49,7 @@ import numpy as np
 
 from keras_jumbo import data
 from keras_jumbo import models
+from keras_jumbo import optimizers
 from keras_jumbo.schedules import warmup_cosine
 
 CLASSIFIERS = ("patchtst", "patchtst_registers", "patchtst_jumbo")
@@ -64,7 +65,7 @@ SHORT_NAMES = {
 def compile_classifier(model, learning_rate, total_steps):
     """AdamW (wd 0.02), warm-up + cosine, cross-entropy on logits."""
     model.compile(
-        optimizer=keras.optimizers.AdamW(
+        optimizer=optimizers.AdamW(
             warmup_cosine(learning_rate, total_steps, end=1e-8),
             weight_decay=0.02,
         ),

@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers.jumbo_token import jumbo_merge
@@ -168,8 +169,8 @@ class JumboBlock(ViTBlock):
                     "shared_jumbo_mlp=None"
                 )
             mlp = shared_jumbo_mlp
-        hidden = self.norm3(jumbo)
-        branch = mlp(hidden, training=training)
+        hidden = call_sublayer(self.norm3, jumbo)
+        branch = call_sublayer(mlp, hidden, training=training)
         if self.jumbo_lora_rank is not None:
             branch = branch + self.jumbo_lora_up(self.jumbo_lora_down(hidden))
         return self._add(

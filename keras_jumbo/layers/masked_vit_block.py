@@ -1,5 +1,6 @@
 import keras
 
+from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers.masked_layer_norm import MaskedLayerNorm
 from keras_jumbo.layers.vit_block import ViTBlock
 
@@ -64,8 +65,9 @@ class MaskedViTBlock(ViTBlock):
             branch_mask = (
                 layer_mask if embed_mask is None else embed_mask * layer_mask
             )
-        attended = self.attention(
-            self.norm1(inputs, channel_mask=embed_mask),
+        attended = call_sublayer(
+            self.attention,
+            call_sublayer(self.norm1, inputs, channel_mask=embed_mask),
             training=training,
             head_mask=head_mask,
         )
@@ -77,8 +79,9 @@ class MaskedViTBlock(ViTBlock):
             training,
             branch_mask,
         )
-        hidden = self.mlp(
-            self.norm2(x, channel_mask=embed_mask),
+        hidden = call_sublayer(
+            self.mlp,
+            call_sublayer(self.norm2, x, channel_mask=embed_mask),
             training=training,
             hidden_mask=hidden_mask,
         )

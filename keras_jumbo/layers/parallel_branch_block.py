@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers._utils import add_all
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
@@ -184,9 +185,13 @@ class ParallelBranchBlock(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         x = inputs
-        branch = self.attention(self.norm1(x), training=training)
+        branch = call_sublayer(
+            self.attention, call_sublayer(self.norm1, x), training=training
+        )
         x = x + dropout(self.drop_path1, branch, training)
-        branches = self._mlp_branches(self.norm2(x), training=training)
+        branches = self._mlp_branches(
+            call_sublayer(self.norm2, x), training=training
+        )
         if training and self.diversity_weight and self.num_branches > 1:
             self.add_loss(
                 0.5 * self.diversity_weight * pairwise_cosine_squared(branches)

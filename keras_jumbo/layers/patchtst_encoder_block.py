@@ -1,5 +1,6 @@
 import keras
 
+from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_rank
@@ -164,8 +165,10 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
     def _sublayer(self, x, norm, fn, drop, training):
         """Post-norm `N(x + f(x))` or pre-norm `x + f(N(x))`."""
         if self.norm_first:
-            return x + dropout(drop, fn(norm(x, training=training)), training)
-        return norm(x + dropout(drop, fn(x), training), training=training)
+            normed = call_sublayer(norm, x, training=training)
+            return x + dropout(drop, fn(normed), training)
+        residual = x + dropout(drop, fn(x), training)
+        return call_sublayer(norm, residual, training=training)
 
     def call(self, inputs, training=None, attention_scores=None):
         if attention_scores is not None and not self.residual_attention:
@@ -178,7 +181,8 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
 
         def attend(hidden):
             nonlocal scores
-            out, scores = self.attention(
+            out, scores = call_sublayer(
+                self.attention,
                 hidden,
                 training=training,
                 previous_scores=attention_scores,
@@ -192,7 +196,7 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
         x = self._sublayer(
             x,
             self.norm2,
-            lambda h: self.mlp(h, training=training),
+            lambda h: call_sublayer(self.mlp, h, training=training),
             self.drop_path2,
             training,
         )

@@ -3,6 +3,7 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import to_pair
@@ -152,7 +153,7 @@ class ResidualSpatialReduction(keras.layers.Layer):
         prefix = self.num_prefix_tokens
         height, width = self.grid
         pad_channels = self.output_dim - self.input_dim
-        normed = self.norm(inputs, channel_mask=channel_mask)
+        normed = call_sublayer(self.norm, inputs, channel_mask=channel_mask)
 
         # Residual branch.
         grid = ops.reshape(

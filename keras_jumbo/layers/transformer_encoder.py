@@ -1,5 +1,6 @@
 import keras
 
+from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers.jumbo_block import JumboBlock
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.patchtst_encoder_block import PatchTSTEncoderBlock
@@ -101,7 +102,8 @@ class TransformerEncoder(keras.layers.Layer):
         x, scores = inputs, None
         for block in self.blocks:
             if isinstance(block, PatchTSTEncoderBlock):
-                x, scores = block(
+                x, scores = call_sublayer(
+                    block,
                     x,
                     training=training,
                     attention_scores=(
@@ -109,13 +111,14 @@ class TransformerEncoder(keras.layers.Layer):
                     ),
                 )
             elif isinstance(block, JumboBlock):
-                x = block(
+                x = call_sublayer(
+                    block,
                     x,
                     training=training,
                     shared_jumbo_mlp=self.shared_jumbo_mlp,
                 )
             else:
-                x = block(x, training=training)
+                x = call_sublayer(block, x, training=training)
         return x
 
     def compute_output_shape(self, input_shape):

@@ -1,5 +1,6 @@
 import keras
 
+from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_positive_float
 from keras_jumbo.layers._utils import check_positive_int
@@ -227,7 +228,11 @@ class ViTBlock(keras.layers.Layer):
         """`x + DropPath(LS1(Attn(LN1(x))))`."""
         return self._add(
             x,
-            self.attention(self.norm1(x), training=training),
+            call_sublayer(
+                self.attention,
+                call_sublayer(self.norm1, x),
+                training=training,
+            ),
             self.layer_scale1,
             self.drop_path1,
             training,
@@ -243,7 +248,9 @@ class ViTBlock(keras.layers.Layer):
         """`x + DropPath(LS2(FFN(LN2(x))))`."""
         return self._add(
             x,
-            self.mlp(self.norm2(x), training=training),
+            call_sublayer(
+                self.mlp, call_sublayer(self.norm2, x), training=training
+            ),
             self.layer_scale2,
             self.drop_path2,
             training,

@@ -1,0 +1,118 @@
+"""`_keras_internals.call_sublayer`: a block's sublayer called without
+`Layer.__call__` on eager PyTorch, only when that changes nothing."""
+
+import keras
+import numpy as np
+
+from keras_jumbo import _keras_internals
+from keras_jumbo.layers import JumboBlock
+from keras_jumbo.layers import LayerNormalization
+from keras_jumbo.layers import PatchTSTEncoderBlock
+from keras_jumbo.testing import assert_allclose
+from keras_jumbo.testing import randomize_weights
+
+ON_TORCH = keras.backend.backend() == "torch"
+DIRECT_CALL_OK = _keras_internals._direct_call_ok
+
+
+def _x(shape=(2, 5, 8), dtype="float32"):
+    rng = np.random.default_rng(0)
+    return keras.ops.convert_to_tensor(rng.normal(size=shape).astype(dtype))
+
+
+def _norm(**kwargs):
+    norm = LayerNormalization(**kwargs)
+    norm.build((2, 5, 8))
+    randomize_weights(norm, seed=1)
+    return norm
+
+
+def test_direct_call_only_for_a_built_float_layer_on_torch():
+    x = _x()
+    norm = _norm()
+    assert _keras_internals._direct_call_ok(norm, x) == ON_TORCH
+    assert not _keras_internals._direct_call_ok(LayerNormalization(), x)
+    # An input of another dtype: `__call__` casts it first.
+    assert not _keras_internals._direct_call_ok(norm, _x(dtype="float16"))
+    # Mixed precision: `__call__` opens the autocast scope.
+    mixed = _norm(dtype="mixed_float16")
+    assert not _keras_internals._direct_call_ok(mixed, _x(dtype="float16"))
+    # A quantised layer: `__call__` routes to `quantized_call`.
+    dense = keras.layers.Dense(4)
+    dense.build((2, 5, 8))
+    dense.quantize("int8")
+    assert not _keras_internals._direct_call_ok(dense, x)
+    for layer, inputs in ((norm, x), (mixed, _x(dtype="float16")), (dense, x)):
+        assert_allclose(
+            _keras_internals.call_sublayer(layer, inputs),
+            layer(inputs),
+            atol=1e-6,
+        )
+
+
+def test_torch_module_hooks_still_run():
+    norm = _norm()
+    x = _x()
+    seen = []
+    if ON_TORCH:
+        handle = norm.register_forward_hook(
+            lambda module, args, output: seen.append(output)
+        )
+        assert not _keras_internals._direct_call_ok(norm, x)
+        out = _keras_internals.call_sublayer(norm, x)
+        handle.remove()
+        assert len(seen) == 1 and seen[0] is out
+        assert _keras_internals._direct_call_ok(norm, x)
+    assert_allclose(_keras_internals.call_sublayer(norm, x), norm(x))
+
+
+def _outputs_with_and_without_direct_calls(monkeypatch, block, call):
+    direct = []
+
+    def counting(layer, inputs):
+        ok = DIRECT_CALL_OK(layer, inputs)
+        direct.append(ok)
+        return ok
+
+    monkeypatch.setattr(_keras_internals, "_direct_call_ok", counting)
+    fast = call(block)
+    assert any(direct) == ON_TORCH
+    monkeypatch.setattr(_keras_internals, "_direct_call_ok", lambda *a: False)
+    slow = call(block)
+    return fast, slow
+
+
+def test_blocks_give_the_same_outputs_either_way(monkeypatch):
+    """A Jumbo block (attention, two norms, patch and Jumbo FFNs, all with
+    random weights) and a PatchTST block with BatchNorm in training mode
+    (its moving statistics update through the direct call too)."""
+    x = _x((2, 6, 8))
+    jumbo = JumboBlock(
+        num_heads=2, mlp_dim=16, jumbo_multiplier=2, jumbo_mlp_dim=24
+    )
+    jumbo.build(x.shape)
+    randomize_weights(jumbo, seed=2)
+    fast, slow = _outputs_with_and_without_direct_calls(
+        monkeypatch, jumbo, lambda block: block(x, training=False)
+    )
+    assert_allclose(fast, slow, atol=1e-6)
+
+    patchtst = PatchTSTEncoderBlock(
+        num_heads=2, mlp_dim=16, normalization="batch_norm"
+    )
+    patchtst.build(x.shape)
+    randomize_weights(patchtst, seed=3)
+    start = [v.numpy() for v in patchtst.non_trainable_weights]
+
+    def train_call(block):
+        for v, value in zip(block.non_trainable_weights, start, strict=True):
+            v.assign(value)
+        out, scores = block(x, training=True)
+        return [out, scores] + [v.numpy() for v in block.non_trainable_weights]
+
+    fast, slow = _outputs_with_and_without_direct_calls(
+        monkeypatch, patchtst, train_call
+    )
+    assert not np.allclose(fast[2], start[0])  # the statistics moved
+    for a, b in zip(fast, slow, strict=True):
+        assert_allclose(a, b, atol=1e-6)
