@@ -15,7 +15,8 @@ Keras 3.15 has no public way to do these six things:
 - on eager PyTorch, call a built sublayer's `call` without the ~70 us of
   `Layer.__call__` when that machinery has nothing to do (`call_sublayer`
   below reads `Layer._remat_mode` and `torch.nn.Module`'s hook dicts to
-  know);
+  know, and `Layer._call_has_context_arg` to drop a `training` argument
+  the layer's `call` does not take, as `__call__` does);
 - update all of an optimizer's variables in one step (one fused kernel):
   Keras' only public hook is the per-variable `update_step`, so
   `keras_jumbo.optimizers.AdamW` overrides the whole-step hooks
@@ -79,6 +80,14 @@ def call_sublayer(layer, inputs, *args, **kwargs):
     traced once, it is always `layer(...)`.
     """
     if _direct_call_ok(layer, inputs):
+        # As `__call__` does: drop a context argument (`training`) that
+        # this layer's `call` does not take.
+        takes = layer._call_has_context_arg
+        kwargs = {
+            name: value
+            for name, value in kwargs.items()
+            if takes.get(name, True)
+        }
         return layer.call(inputs, *args, **kwargs)
     return layer(inputs, *args, **kwargs)
 

@@ -48,6 +48,11 @@ def test_direct_call_only_for_a_built_float_layer_on_torch():
             layer(inputs),
             atol=1e-6,
         )
+    # `training` for a layer whose call takes none is dropped, as Keras
+    # drops it.
+    assert_allclose(
+        _keras_internals.call_sublayer(norm, x, training=True), norm(x)
+    )
 
 
 def test_torch_module_hooks_still_run():
@@ -84,7 +89,8 @@ def _outputs_with_and_without_direct_calls(monkeypatch, block, call):
 
 def test_blocks_give_the_same_outputs_either_way(monkeypatch):
     """A Jumbo block (attention, two norms, patch and Jumbo FFNs, all with
-    random weights) and a PatchTST block with BatchNorm in training mode
+    random weights), a pre-norm PatchTST block with LayerNorm (which takes
+    no `training`) and a PatchTST block with BatchNorm in training mode
     (its moving statistics update through the direct call too)."""
     x = _x((2, 6, 8))
     jumbo = JumboBlock(
@@ -96,6 +102,17 @@ def test_blocks_give_the_same_outputs_either_way(monkeypatch):
         monkeypatch, jumbo, lambda block: block(x, training=False)
     )
     assert_allclose(fast, slow, atol=1e-6)
+
+    layer_norm = PatchTSTEncoderBlock(
+        num_heads=2, mlp_dim=16, normalization="layer_norm", norm_first=True
+    )
+    layer_norm.build(x.shape)
+    randomize_weights(layer_norm, seed=4)
+    fast, slow = _outputs_with_and_without_direct_calls(
+        monkeypatch, layer_norm, lambda block: block(x, training=True)
+    )
+    for a, b in zip(fast, slow, strict=True):
+        assert_allclose(a, b, atol=1e-6)
 
     patchtst = PatchTSTEncoderBlock(
         num_heads=2, mlp_dim=16, normalization="batch_norm"
