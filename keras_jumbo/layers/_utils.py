@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._torch_kernels import linear
+
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 
 
@@ -47,19 +49,22 @@ def dense(layer, x):
     activation, Keras LoRA or quantisation): the same function, without
     Keras' layer-call machinery, which costs ~200 us per call in eager
     PyTorch against ~20 us for the matmul and bias themselves (two Dense
-    calls per FFN). A quantised or LoRA-enabled layer (`model.quantize`,
-    `enable_lora`) goes through its own `call`, which knows its scales and
-    adapters."""
+    calls per FFN), and as one fused matmul-plus-bias kernel on PyTorch
+    (`keras_jumbo._torch_kernels.linear`). A quantised or LoRA-enabled
+    layer (`model.quantize`, `enable_lora`) goes through its own `call`,
+    which knows its scales and adapters."""
     if (
         layer.quantization_mode is not None
         or layer.lora_enabled
         or layer.activation is not keras.activations.linear
     ):
         return layer(x)
-    y = ops.matmul(x, ops.cast(layer.kernel, x.dtype))
-    if layer.bias is not None:
-        y = y + ops.cast(layer.bias, x.dtype)
-    return y
+    bias = layer.bias
+    return linear(
+        x,
+        ops.cast(layer.kernel, x.dtype),
+        None if bias is None else ops.cast(bias, x.dtype),
+    )
 
 
 def add_all(tensors):

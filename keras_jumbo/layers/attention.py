@@ -3,6 +3,8 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._torch_kernels import dot_product_attention
+from keras_jumbo._torch_kernels import reshape
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
@@ -42,9 +44,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     On the PyTorch backend, where each op is dispatched eagerly, a plain
     call (no `head_mask`, `previous_scores`, `return_scores` or active
     attention dropout, and `key_dim == head_dim`) runs instead as the
-    official code does: one q/k/v matmul, `ops.dot_product_attention`
-    (torch's fused `scaled_dot_product_attention`) on views of it, one
-    output matmul — about a third of the ops, the same function (tested
+    official code does: one q/k/v matmul, torch's fused
+    `scaled_dot_product_attention` on strided views of it
+    (`keras_jumbo._torch_kernels`), one output matmul — about a third of
+    the ops, the same function (tested
     against the einsum form to float32 round-off).
 
     Args:
@@ -182,10 +185,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         outputs, start = [], 0
         for width in widths:
             stop = start + heads * width
-            part = ops.reshape(kernel[:, start:stop], (dim, heads, width))
+            part = reshape(kernel[:, start:stop], (dim, heads, width))
             y = ops.einsum("bsd,dhk->bhsk", x, part)
             if bias is not None:
-                y = y + ops.reshape(bias[start:stop], (1, heads, 1, width))
+                y = y + reshape(bias[start:stop], (1, heads, 1, width))
             outputs.append(y)
             start = stop
         return tuple(outputs)
@@ -200,7 +203,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         outputs, start = [], 0
         for width in widths:
             stop = start + self.num_heads * width
-            part = ops.reshape(
+            part = reshape(
                 y[..., start:stop], (batch, length, self.num_heads, width)
             )
             outputs.append(ops.transpose(part, (0, 2, 1, 3)))
@@ -214,12 +217,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         heads, head_dim, dim = self.num_heads, self.head_dim, self.hidden_dim
         if self.proj.quantization_mode is not None:
             batch, length = ops.shape(out)[0], ops.shape(out)[2]
-            out = ops.reshape(
+            out = reshape(
                 ops.transpose(out, (0, 2, 1, 3)),
                 (batch, length, heads * head_dim),
             )
             return self.proj(out)
-        proj = ops.reshape(
+        proj = reshape(
             ops.cast(self.proj.kernel, x.dtype), (heads, head_dim, dim)
         )
         out = ops.einsum("bhqk,hkd->bqd", out, proj)
@@ -243,25 +246,20 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     def _fused_call(self, x):
         """The plain attention as one q/k/v matmul (through `dense`, so a
         quantised or LoRA sublayer keeps its own call), `(batch, length, 3,
-        heads, head_dim)` views, `ops.dot_product_attention` and the output
+        heads, head_dim)` views, fused attention on them and the output
         matmul."""
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        y = ops.reshape(
+        y = reshape(
             dense(self.qkv, x),
             (batch, length, 3, self.num_heads, self.head_dim),
         )
-        out = ops.dot_product_attention(
+        out = dot_product_attention(
             y[:, :, 0],
             y[:, :, 1],
             y[:, :, 2],
             scale=1.0 / math.sqrt(self.key_dim),
-            # Not Keras' own flash check: on PyTorch it builds a CUDA
-            # `SDPAParams` object, a graph break under `torch.compile`
-            # (`jit_compile=True` ran at half speed); torch's
-            # `scaled_dot_product_attention` still picks its fused kernel.
-            flash_attention=False,
         )
-        return dense(self.proj, ops.reshape(out, (batch, length, -1)))
+        return dense(self.proj, reshape(out, (batch, length, -1)))
 
     def _uses_fused_call(self, training, head_mask, previous_scores, scores):
         return (
@@ -293,7 +291,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         probs = dropout(self.attention_dropout, probs, training)
         out = ops.einsum("bhqs,bhsk->bhqk", probs, v)
         if head_mask is not None:
-            mask = ops.reshape(
+            mask = reshape(
                 ops.cast(head_mask, out.dtype), (-1, 1, heads, head_dim)
             )
             out = out * ops.transpose(mask, (0, 2, 1, 3))

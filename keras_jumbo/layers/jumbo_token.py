@@ -1,6 +1,6 @@
 import keras
-from keras import ops
 
+from keras_jumbo._torch_kernels import reshape
 from keras_jumbo.layers.prefix_tokens import PrefixTokens
 from keras_jumbo.layers.prefix_tokens import check_num_tokens
 
@@ -13,13 +13,13 @@ def jumbo_merge(tokens):
     `rearrange("b l d -> b (l d)")` in the official code).
     """
     shape = tokens.shape
-    return ops.reshape(tokens, (-1, shape[1] * shape[2]))
+    return reshape(tokens, (-1, shape[1] * shape[2]))
 
 
 def jumbo_split(token, jumbo_multiplier):
     """Split a Jumbo token `(batch, J * D)` into `(batch, J, D)`."""
     width = token.shape[-1] // jumbo_multiplier
-    return ops.reshape(token, (-1, jumbo_multiplier, width))
+    return reshape(token, (-1, jumbo_multiplier, width))
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")

@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_jumbo._torch_kernels import layer_norm
 from keras_jumbo.layers.closed_form import closed_form_gradients
 from keras_jumbo.layers.closed_form import closed_form_layer_norm
 
@@ -18,8 +19,9 @@ class LayerNormalization(keras.layers.LayerNormalization):
     12-layer ViT-Tiny training step at 224 px spent about a third of its
     time there (`benchmarks/profile_train_step.py`). Outputs and gradients
     agree with the Keras layer to float32 rounding (tested). Elsewhere
-    (PyTorch: `F.layer_norm` with its fused backward already; TensorFlow;
-    other axes, `rms_scaling`) it is the Keras layer.
+    (PyTorch: `F.layer_norm` with its fused backward already, called
+    directly on float32 tensors, `keras_jumbo._torch_kernels.layer_norm`;
+    TensorFlow; other axes, `rms_scaling`) it is the Keras layer's function.
 
     Example:
     >>> norm = LayerNormalization(epsilon=1e-6)
@@ -30,6 +32,9 @@ class LayerNormalization(keras.layers.LayerNormalization):
     def _closed_form(self, inputs):
         if not closed_form_gradients():
             return False
+        return self._last_axis_affine(inputs)
+
+    def _last_axis_affine(self, inputs):
         if self.rms_scaling or not (self.center and self.scale):
             return False
         rank = len(inputs.shape)
@@ -37,6 +42,12 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
     def call(self, inputs):
         if not self._closed_form(inputs):
+            if self._last_axis_affine(inputs):
+                # `F.layer_norm` directly on float32 PyTorch tensors.
+                outputs = layer_norm(
+                    inputs, self.gamma.value, self.beta.value, self.epsilon
+                )
+                return ops.cast(outputs, self.compute_dtype)
             return super().call(inputs)
         outputs = closed_form_layer_norm(
             inputs, self.gamma, self.beta, self.epsilon

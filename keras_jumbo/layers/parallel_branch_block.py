@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from keras_jumbo._keras_internals import call_sublayer
+from keras_jumbo._torch_kernels import linear
 from keras_jumbo.layers._utils import add_all
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
@@ -167,9 +168,9 @@ class ParallelBranchBlock(keras.layers.Layer):
         bias2 = ops.cast(self.fc2_bias, x.dtype)
         outputs = []
         for b in range(self.num_branches):
-            hidden = self._activation_fn(ops.matmul(x, kernel1[b]) + bias1[b])
+            hidden = self._activation_fn(linear(x, kernel1[b], bias1[b]))
             hidden = dropout(self.dropout, hidden, training)
-            outputs.append(ops.matmul(hidden, kernel2[b]) + bias2[b])
+            outputs.append(linear(hidden, kernel2[b], bias2[b]))
         return outputs
 
     def mlp_branch_outputs(self, x, training=None):

@@ -1,0 +1,110 @@
+"""Four ops with a PyTorch kernel that `keras.ops` does not reach.
+
+On the PyTorch backend Keras runs every op eagerly (or traces it once per
+shape under `torch.compile`), so what an op costs there is what the
+library's models cost. For three ops, `keras.ops` leaves time on the table
+(measured with `torch.profiler` on the official Jumbo pico, 128 px, batch
+64; benchmarks/README.md, "Eager PyTorch: fused linear, reshape and
+LayerNorm"):
+
+- `linear`: a dense layer is `ops.matmul` and then `+ bias`, two kernels
+  and two passes over the output; torch's `F.linear` is one `addmm` that
+  starts from the bias. The separate bias adds were 73 of the pico
+  forward's 111 element-wise adds and ~8% of its time.
+- `reshape`: `ops.reshape` flattens its `newshape` tuple with torch's
+  pytree (to look for symbolic tensors) at ~25 us a call; the reshape
+  itself is ~1 us.
+- `layer_norm`: `ops.layer_normalization` spends ~35 us on dtype
+  bookkeeping around a ~7 us `F.layer_norm`.
+- `dot_product_attention`: `ops.dot_product_attention` copies query, key
+  and value into contiguous tensors before torch's fused attention
+  (three copies per block, ~4% of the pico forward); the kernel reads
+  the strided heads-first views itself.
+
+Each function is the `keras.ops` formula on JAX and TensorFlow, for
+symbolic inputs (`keras.KerasTensor`), and whenever the PyTorch kernel's
+preconditions do not hold; on PyTorch tensors it calls the kernel. Each is
+tested equal to the `keras.ops` formula on every backend
+(`tests/test_torch_kernels.py`).
+"""
+
+import keras
+from keras import ops
+
+
+def _torch_tensors(*tensors):
+    """Whether the backend is PyTorch and every non-None argument is a
+    `torch.Tensor` (not a `keras.KerasTensor` or a numpy array)."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    return all(t is None or isinstance(t, torch.Tensor) for t in tensors)
+
+
+def linear(x, kernel, bias=None):
+    """`x @ kernel + bias` for a `(..., in)` input, an `(in, out)` kernel
+    and an `(out,)` bias (or None), all of one dtype.
+
+    On PyTorch tensors: `torch.nn.functional.linear` (one `addmm` that
+    starts from the bias; same values to float rounding). Elsewhere:
+    `ops.matmul(x, kernel) + bias`.
+    """
+    if _torch_tensors(x, kernel, bias) and len(kernel.shape) == 2:
+        from torch.nn import functional
+
+        return functional.linear(x, kernel.T, bias)
+    y = ops.matmul(x, kernel)
+    return y if bias is None else y + bias
+
+
+def reshape(x, shape):
+    """`ops.reshape(x, shape)` for a tuple of ints `shape` (one may be
+    -1). On a PyTorch tensor: `torch.reshape`, without `ops.reshape`'s
+    pytree scan of `shape`."""
+    if _torch_tensors(x):
+        return x.reshape(shape)
+    return ops.reshape(x, shape)
+
+
+def layer_norm(x, gamma, beta, epsilon):
+    """`ops.layer_normalization(x, gamma, beta, epsilon=epsilon)` over the
+    last axis. On float32 PyTorch tensors: `F.layer_norm` directly (what
+    Keras calls there too, without its dtype bookkeeping); other dtypes go
+    through `ops.layer_normalization`, which computes in float32."""
+    if _torch_tensors(x, gamma, beta) and all(
+        t.dtype == x.dtype for t in (gamma, beta)
+    ):
+        import torch
+        from torch.nn import functional
+
+        if x.dtype == torch.float32:
+            return functional.layer_norm(
+                x, (x.shape[-1],), gamma, beta, epsilon
+            )
+    return ops.layer_normalization(x, gamma, beta, epsilon=epsilon)
+
+
+def dot_product_attention(query, key, value, scale):
+    """`ops.dot_product_attention(query, key, value, scale=scale)` for
+    `(batch, length, heads, head_dim)` inputs, without mask or bias.
+
+    On PyTorch tensors: `F.scaled_dot_product_attention` on heads-first
+    views of the inputs (the views, not contiguous copies). Elsewhere:
+    `ops.dot_product_attention` (with `flash_attention=False`: Keras' own
+    flash check builds a CUDA-only object, a graph break under
+    `torch.compile`).
+    """
+    if _torch_tensors(query, key, value):
+        from torch.nn import functional
+
+        out = functional.scaled_dot_product_attention(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            scale=scale,
+        )
+        return out.transpose(1, 2)
+    return ops.dot_product_attention(
+        query, key, value, scale=scale, flash_attention=False
+    )
