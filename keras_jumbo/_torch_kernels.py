@@ -2,24 +2,24 @@
 
 On the PyTorch backend Keras runs every op eagerly (or traces it once per
 shape under `torch.compile`), so what an op costs there is what the
-library's models cost. For three ops, `keras.ops` leaves time on the table
-(measured with `torch.profiler` on the official Jumbo pico, 128 px, batch
-64; benchmarks/README.md, "Eager PyTorch: fused linear, reshape and
-LayerNorm"):
+library's models cost. For these four, `keras.ops` leaves time on the
+table (measured on the official Jumbo pico, 128 px, batch 64, 2 CPU
+cores; `torch.profiler` and per-call timings in benchmarks/README.md,
+"Eager PyTorch: fused linear, reshape and LayerNorm"):
 
 - `linear`: a dense layer is `ops.matmul` and then `+ bias`, two kernels
   and two passes over the output; torch's `F.linear` is one `addmm` that
-  starts from the bias. The separate bias adds were 73 of the pico
-  forward's 111 element-wise adds and ~8% of its time.
+  starts from the bias. The separate bias adds were 72 of the pico
+  forward's 111 element-wise adds (5.5% of its operator time).
 - `reshape`: `ops.reshape` flattens its `newshape` tuple with torch's
-  pytree (to look for symbolic tensors) at ~25 us a call; the reshape
-  itself is ~1 us.
-- `layer_norm`: `ops.layer_normalization` spends ~35 us on dtype
-  bookkeeping around a ~7 us `F.layer_norm`.
+  pytree (to look for symbolic tensors): ~22 us a call against ~1.5 us
+  for the reshape itself.
+- `layer_norm`: `ops.layer_normalization` takes ~24 us a call, ~18 us of
+  it dtype bookkeeping around a ~6 us `F.layer_norm`.
 - `dot_product_attention`: `ops.dot_product_attention` copies query, key
   and value into contiguous tensors before torch's fused attention
-  (three copies per block, ~4% of the pico forward); the kernel reads
-  the strided heads-first views itself.
+  (three copies per block); the kernel reads the strided heads-first
+  views itself, with no copy.
 
 Each function is the `keras.ops` formula on JAX and TensorFlow, for
 symbolic inputs (`keras.KerasTensor`), and whenever the PyTorch kernel's
