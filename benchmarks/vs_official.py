@@ -13,6 +13,10 @@ reported:
                       tested) with Keras' default compilation per backend
                       (XLA on JAX, `tf.function` on TensorFlow, eager on
                       PyTorch)
+    jax_kept          keras_jumbo on JAX after
+                      `keras_jumbo.runtime.keep_freed_memory()` (what the
+                      recipes do on JAX: each step's buffer is reused, not
+                      page-faulted in again)
     tensorflow_xla    keras_jumbo on TensorFlow with `jit_compile=True`
                       (XLA; Keras' "auto" turns XLA off on CPU-only
                       TensorFlow machines)
@@ -62,6 +66,7 @@ CONTENDERS = (
     "official",
     "official_compile",
     "jax",
+    "jax_kept",
     "tensorflow",
     "tensorflow_xla",
     "torch",
@@ -78,6 +83,7 @@ NO_MMAP_MALLOC = {
 }
 KERAS_BACKENDS = {
     "jax": "jax",
+    "jax_kept": "jax",
     "tensorflow": "tensorflow",
     "tensorflow_xla": "tensorflow",
     "torch": "torch",
@@ -186,6 +192,13 @@ def _official(args, compiled):
 def _keras(args, contender):
     import keras
     import numpy as np
+
+    if contender == "jax_kept":
+        from keras_jumbo import runtime
+
+        # Before the first JAX computation (the model's initialisers).
+        if not runtime.keep_freed_memory():
+            raise SystemExit("jax_kept: keep_freed_memory needs glibc")
 
     if args.device == "gpu":
         backend = keras.backend.backend()

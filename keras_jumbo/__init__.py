@@ -9,6 +9,7 @@ from keras_jumbo import models
 from keras_jumbo import nas
 from keras_jumbo import optimizers
 from keras_jumbo import presets
+from keras_jumbo import runtime
 from keras_jumbo import schedules
 from keras_jumbo.version import __version__
 
@@ -23,5 +24,6 @@ __all__ = [
     "nas",
     "optimizers",
     "presets",
+    "runtime",
     "schedules",
 ]

@@ -526,6 +526,19 @@ def test_jit_compile_flag_per_backend(monkeypatch):
         common.resolve_jit_compile("yes", 1)
 
 
+def test_allocator_flag_keeps_freed_memory_on_jax_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        common.kj_runtime, "keep_freed_memory", lambda: calls.append(1) or True
+    )
+    on_jax = keras.backend.backend() == "jax"
+    assert common.apply_allocator("auto") is on_jax
+    assert common.apply_allocator("default") is False
+    assert calls == ([1] if on_jax else [])
+    with pytest.raises(ValueError, match="allocator='keep'"):
+        common.apply_allocator("keep")
+
+
 def test_cxx_compiler_prefers_cxx_variable(monkeypatch, tmp_path):
     compiler = tmp_path / "my-c++"
     compiler.write_text("#!/bin/sh\n")
