@@ -59,5 +59,6 @@ def test_public_surface():
     ):
         assert hasattr(keras_jumbo.layers, name)
     assert hasattr(keras_jumbo.callbacks, "TokenDropSchedule")
+    assert callable(keras_jumbo.runtime.keep_freed_memory)
     assert hasattr(keras_jumbo.convert, "load_official_jumbo")
     assert keras_jumbo.__version__
