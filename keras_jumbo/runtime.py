@@ -48,7 +48,7 @@ def keep_freed_memory():
     `mmap` for large blocks, and no trimming of the heap below 2 GiB, so
     the buffer is reused from step to step. Measured on 2 CPU cores (JAX,
     pico, `train_on_batch`): 0 faults per step instead of ~66,000, and
-    +10-20% images/s (benchmarks/README.md, "The allocator from inside
+    about +20% images/s (benchmarks/README.md, "The allocator from inside
     the process").
 
     Call it before the first JAX computation: the setting of one arena

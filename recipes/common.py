@@ -177,7 +177,7 @@ def parser(recipe, description):
         default="auto",
         help="auto: on JAX, keep the memory a training step frees in the "
         "process (keras_jumbo.runtime.keep_freed_memory: no page faults "
-        "on each step's temporary buffer, +10-20%% images/s for pico on 2 "
+        "on each step's temporary buffer, about +20%% images/s for pico on 2 "
         "CPU cores); default: glibc's defaults. TensorFlow and PyTorch "
         "always keep glibc's defaults",
     )
