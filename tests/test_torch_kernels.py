@@ -69,6 +69,67 @@ def test_linear_on_a_sliced_kernel_and_its_gradient(rng):
             assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+class _Linear(keras.layers.Layer):
+    """`linear` with its own kernel and bias, for a training step."""
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight((input_shape[-1], 6), name="kernel")
+        self.bias = self.add_weight((6,), name="bias")
+
+    def call(self, x):
+        return _torch_kernels.linear(x, self.kernel, self.bias)
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (4, 3, 8), (2, 3, 5, 8)])
+def test_linear_gradient_equals_the_formula(rng, shape):
+    """One SGD step (lr 1, mean squared error) through `linear`: the new
+    kernel and bias are the analytic ones, `xᵀ·dy` and `sum(dy)` over all
+    rows, whether `x` is 2-D or flattened to 2-D from more axes."""
+    x = rng.normal(size=shape).astype("float32")
+    target = rng.normal(size=shape[:-1] + (6,)).astype("float32")
+    kernel = rng.normal(size=(8, 6)).astype("float32")
+    bias = rng.normal(size=(6,)).astype("float32")
+    layer = _Linear()
+    inputs = keras.Input(shape[1:])
+    model = keras.Model(inputs, layer(inputs))
+    layer.set_weights([kernel, bias])
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+    model.train_on_batch(x, target)
+    rows = x.reshape(-1, 8)
+    upstream = 2.0 * (rows @ kernel + bias - target.reshape(-1, 6))
+    upstream /= upstream.size
+    new_kernel, new_bias = layer.get_weights()
+    assert_allclose(new_kernel, kernel - rows.T @ upstream, atol=1e-5, rtol=1e-5)
+    assert_allclose(new_bias, bias - upstream.sum(0), atol=1e-5, rtol=1e-5)
+
+
+def test_linear_flattens_static_inner_axes_only(rng, monkeypatch):
+    """Off PyTorch tensors, an input with static inner axes is multiplied
+    as 2-D rows (one plain kernel-gradient matmul for XLA); unknown inner
+    axes keep the broadcasting matmul; shapes come back either way,
+    symbolic and empty batches included."""
+    kernel, bias = _tensor(rng, (8, 6)), _tensor(rng, (6,))
+    symbolic = _torch_kernels.linear(keras.KerasTensor((None, 5, 8)), kernel)
+    assert tuple(symbolic.shape) == (None, 5, 6)
+    dynamic = _torch_kernels.linear(keras.KerasTensor((2, None, 8)), kernel)
+    assert tuple(dynamic.shape) == (2, None, 6)
+    empty = _torch_kernels.linear(_tensor(rng, (0, 5, 8)), kernel, bias)
+    assert tuple(empty.shape) == (0, 5, 6)
+    ranks = []
+    original = _torch_kernels.ops.matmul
+
+    def spy(a, b):
+        ranks.append(len(a.shape))
+        return original(a, b)
+
+    monkeypatch.setattr(_torch_kernels.ops, "matmul", spy)
+    x = _tensor(rng, (2, 3, 5, 8))
+    out = _torch_kernels.linear(x, kernel, bias)
+    want = np.matmul(ops.convert_to_numpy(x), ops.convert_to_numpy(kernel))
+    assert_allclose(out, want + ops.convert_to_numpy(bias), 1e-5, 1e-5)
+    assert ranks == ([] if ON_TORCH else [2])
+
+
 def test_reshape_equals_ops_reshape(rng):
     x = _tensor(rng, (2, 3, 12))
     for shape in ((2, 3, 4, 3), (-1, 12), (6, -1, 2)):
@@ -158,4 +219,11 @@ def test_kernels_take_the_torch_path_only_on_torch_tensors(rng, monkeypatch):
     if ON_TORCH:
         assert calls == []
     else:
-        assert calls == ["matmul", "reshape", "layer_normalization"]
+        # `linear` multiplies the (2, 5, 8) input as 10 rows of 8.
+        assert calls == [
+            "reshape",
+            "matmul",
+            "reshape",
+            "reshape",
+            "layer_normalization",
+        ]
