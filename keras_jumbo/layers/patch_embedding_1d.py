@@ -4,6 +4,7 @@ from keras import ops
 
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
+from keras_jumbo.layers._utils import dense
 
 
 def _padding_amount(padding, stride):
@@ -164,7 +165,7 @@ class PatchEmbedding1D(keras.layers.Layer):
             )
         x = ops.transpose(inputs, (0, 2, 1))  # (batch, channels, length)
         patches = ops.take(x, ops.convert_to_tensor(self._index), axis=2)
-        return self.projection(patches)
+        return dense(self.projection, patches)
 
     def compute_output_shape(self, input_shape):
         count = num_patches(
