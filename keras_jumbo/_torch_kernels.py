@@ -25,7 +25,9 @@ Each function is the `keras.ops` formula on JAX and TensorFlow, for
 symbolic inputs (`keras.KerasTensor`), and whenever the PyTorch kernel's
 preconditions do not hold; on PyTorch tensors it calls the kernel. Each is
 tested equal to the `keras.ops` formula on every backend
-(`tests/test_torch_kernels.py`).
+(`tests/test_torch_kernels.py`). `linear`'s formula multiplies the input
+as 2-D rows, which gives XLA a copy-free kernel gradient (see its
+docstring).
 """
 
 import keras
