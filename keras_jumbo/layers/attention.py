@@ -11,6 +11,7 @@ from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import dense
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.closed_form import softmax
+from keras_jumbo.layers.dropout import Dropout
 
 # Backends on which a plain attention call (no head mask, residual scores,
 # returned scores or active attention dropout; `key_dim == head_dim`;
@@ -123,12 +124,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         )
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.attention_dropout = keras.layers.Dropout(
+        self.attention_dropout = Dropout(
             self.attention_dropout_rate,
             dtype=self.dtype_policy,
             name="attention_dropout",
         )
-        self.dropout = keras.layers.Dropout(
+        self.dropout = Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="dropout"
         )
 

@@ -9,6 +9,7 @@ from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.closed_form import softmax
+from keras_jumbo.layers.dropout import Dropout
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 
 
@@ -147,12 +148,12 @@ class BlockwiseMHSA(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="join",
         )
-        self.attention_dropout = keras.layers.Dropout(
+        self.attention_dropout = Dropout(
             self.attention_dropout_rate,
             dtype=self.dtype_policy,
             name="attention_dropout",
         )
-        self.dropout = keras.layers.Dropout(
+        self.dropout = Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="dropout"
         )
 

@@ -5,6 +5,7 @@ from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import dense
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import get_activation
+from keras_jumbo.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -64,7 +65,7 @@ class MLP(keras.layers.Layer):
             name="fc1",
         )
         self.fc2 = None
-        self.dropout = keras.layers.Dropout(
+        self.dropout = Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="dropout"
         )
 

@@ -11,6 +11,7 @@ from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.blockwise_mhsa import pairwise_cosine_squared
+from keras_jumbo.layers.dropout import Dropout
 from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
@@ -121,7 +122,7 @@ class ParallelBranchBlock(keras.layers.Layer):
             name="mlp_join",
             **common,
         )
-        self.dropout = keras.layers.Dropout(dropout_rate, **common)
+        self.dropout = Dropout(dropout_rate, **common)
         self.drop_path1 = StochasticDepth(drop_path_rate, **common)
         self.drop_path2 = StochasticDepth(drop_path_rate, **common)
 

@@ -28,6 +28,7 @@ from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
+from keras_jumbo.layers.dropout import Dropout
 from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.multi_scale_patch_fusion import FUSION_MODES
 from keras_jumbo.models.base import ConfiguredModel
@@ -134,7 +135,7 @@ def _backbone(
         name=f"{prefix}position_embedding",
     )(x)
     if dropout_rate:
-        x = keras.layers.Dropout(dropout_rate, name=f"{prefix}pos_dropout")(x)
+        x = Dropout(dropout_rate, name=f"{prefix}pos_dropout")(x)
     if jumbo_multiplier:
         x = JumboToken(jumbo_multiplier, name=f"{prefix}jumbo_token")(x)
     else:
@@ -384,7 +385,7 @@ class PatchTSTClassifier(ConfiguredModel):
         x = FoldChannels(num_channels, inverse=True, name="unfold_channels")(x)
         x = keras.layers.Flatten(name="concat_channels")(x)
         if head_dropout_rate:
-            x = keras.layers.Dropout(head_dropout_rate, name="head_dropout")(x)
+            x = Dropout(head_dropout_rate, name="head_dropout")(x)
         logits = keras.layers.Dense(
             num_classes, kernel_initializer="zeros", name="head"
         )(x)
@@ -404,9 +405,7 @@ def _forecast_head(tokens, horizon, num_channels, head_dropout_rate, prefix):
     x = keras.layers.Flatten(name=f"{prefix}flatten")(tokens)
     x = keras.layers.Dense(horizon, name=f"{prefix}head")(x)
     if head_dropout_rate:
-        x = keras.layers.Dropout(
-            head_dropout_rate, name=f"{prefix}head_dropout"
-        )(x)
+        x = Dropout(head_dropout_rate, name=f"{prefix}head_dropout")(x)
     x = FoldChannels(num_channels, inverse=True, name=f"{prefix}unfold")(x)
     return keras.layers.Permute((2, 1), name=f"{prefix}to_time_major")(x)
 

@@ -40,6 +40,7 @@ from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import standardize_data_format
 from keras_jumbo.layers._utils import to_pair
+from keras_jumbo.layers.dropout import Dropout
 from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.models.base import ConfiguredModel
 from keras_jumbo.models.base import check_not_quantized
@@ -183,7 +184,7 @@ class VisionTransformerBase(ConfiguredModel):
         self.pooling = TokenPooling(head, num_prefix, name="pooling")
         self.head_dropout = None
         if g["include_top"] and g["head_dropout_rate"]:
-            self.head_dropout = keras.layers.Dropout(
+            self.head_dropout = Dropout(
                 g["head_dropout_rate"], name="head_dropout"
             )
         self.classifier = None
