@@ -94,6 +94,7 @@ class Dropout(keras.layers.Dropout):
             and self.noise_shape is None
             and keras.backend.backend() in COUNTER_HASH_BACKENDS
             and all(isinstance(size, int) for size in inputs.shape)
+            and math.prod(inputs.shape) < 2**31  # int32 element indices
         ):
             return counter_hash_dropout(
                 inputs, self.rate, self.seed_generator.next()
