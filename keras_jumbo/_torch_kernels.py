@@ -1,4 +1,4 @@
-"""Four ops with a PyTorch kernel that `keras.ops` does not reach.
+"""Ops with a PyTorch kernel that `keras.ops` does not reach.
 
 On the PyTorch backend Keras runs every op eagerly (or traces it once per
 shape under `torch.compile`), so what an op costs there is what the
@@ -20,8 +20,11 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   and value into contiguous tensors before torch's fused attention
   (three copies per block); the kernel reads the strided heads-first
   views itself, with no copy.
+- `unseeded_dropout` (PyTorch only; `layers.Dropout` calls it for a
+  layer without a seed): a uniform draw compared with `1 - rate` is
+  ~1.8x faster than the `bernoulli_` of Keras' `F.dropout`.
 
-Each function is the `keras.ops` formula on JAX and TensorFlow, for
+Each of the first four is the `keras.ops` formula on JAX and TensorFlow, for
 symbolic inputs (`keras.KerasTensor`), and whenever the PyTorch kernel's
 preconditions do not hold; on PyTorch tensors it calls the kernel. Each is
 tested equal to the `keras.ops` formula on every backend
@@ -131,3 +134,19 @@ def dot_product_attention(query, key, value, scale):
     return ops.dot_product_attention(
         query, key, value, scale=scale, flash_attention=False
     )
+
+
+def unseeded_dropout(x, rate):
+    """Inverted dropout of a PyTorch tensor from torch's global generator,
+    what Keras' dropout does on PyTorch for a layer without a seed
+    (`F.dropout`), with the mask drawn as `torch.rand(...) < 1 - rate`
+    instead of `F.dropout`'s `bernoulli_`: the same distribution (kept
+    with probability `1 - rate`, to float32 resolution), about 1.8x faster
+    on CPU (5.3 vs 9.4 ms for a `(224, 42, 128)` tensor, 2 cores).
+    `torch.compile` traces it as it does `F.dropout`."""
+    import torch
+
+    keep = 1.0 - rate
+    kept = torch.rand(x.shape, device=x.device) < keep
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.where(kept, x / keep, zero)

@@ -3,12 +3,15 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._torch_kernels import unseeded_dropout
+
 # The backends whose training step XLA compiles by default, where the
 # counter hash below fuses into one loop: ~10x cheaper than the
 # threefry bits behind Keras' dropout (2.5 vs 0.23 ms for a (224, 42, 128)
 # tensor on 2 CPU cores). TensorFlow's eager kernels and eager PyTorch run
 # the hash as ~20 separate element-wise kernels, no faster than their own
-# random kernels: they keep Keras' dropout (benchmarks/README.md).
+# random kernels (benchmarks/README.md): TensorFlow keeps Keras' dropout,
+# and PyTorch draws an unseeded layer's mask with `torch.rand`.
 COUNTER_HASH_BACKENDS = ("jax",)
 
 # lowbias32 (C. Wellons, "Hash function prospector"): a 32-bit integer
@@ -77,8 +80,12 @@ class Dropout(keras.layers.Dropout):
     Keras draws it with threefry, whose ~20 hash rounds per element cost
     18% of a PatchTST forecaster's training step (dropout 0.2) on 2 CPU
     cores. The masks differ from Keras' layer's for the same seed (a
-    different generator); their distribution is the same. Other backends,
-    and a `noise_shape`, use Keras' dropout.
+    different generator); their distribution is the same. On PyTorch a
+    layer without a `seed` draws, like Keras' layer, from torch's global
+    generator, as `torch.rand(...) < 1 - rate` (`_torch_kernels.
+    unseeded_dropout`, ~1.8x faster than the `bernoulli_` of Keras'
+    `F.dropout`). Otherwise (TensorFlow, a seeded layer on PyTorch, a
+    `noise_shape`) it is Keras' dropout.
 
     Example:
     >>> layer = Dropout(0.5, seed=1)
@@ -99,4 +106,12 @@ class Dropout(keras.layers.Dropout):
             return counter_hash_dropout(
                 inputs, self.rate, self.seed_generator.next()
             )
+        if (
+            training
+            and 0 < self.rate < 1
+            and self.noise_shape is None
+            and self.seed is None
+            and keras.backend.backend() == "torch"
+        ):
+            return unseeded_dropout(inputs, self.rate)
         return super().call(inputs, training=training)

@@ -131,22 +131,34 @@ def test_dropout_with_noise_shape_is_keras_dropout(rng):
     assert np.all((ours == 0) == (ours[:, :1] == 0))  # whole rows
 
 
-def test_dropout_gradient_is_the_mask(rng):
+def _reseed_torch():
+    """On PyTorch, an unseeded layer draws from torch's global generator:
+    the same torch seed replays its mask."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.manual_seed(11)
+
+
+@pytest.mark.parametrize("seed", [2, None])
+def test_dropout_gradient_is_the_mask(rng, seed):
     """One SGD step (lr 1, MSE) through Dense -> Dropout: the kernel update
     is the analytic one with the layer's mask (read back by replaying the
-    layer's seed state)."""
+    layer's seed state, and torch's global seed)."""
     x = rng.normal(size=(8, 5)).astype("float32")
     target = rng.normal(size=(8, 6)).astype("float32")
     kernel = rng.normal(size=(5, 6)).astype("float32")
     dense = keras.layers.Dense(6, use_bias=False)
-    drop = Dropout(0.5, seed=2)
+    drop = Dropout(0.5, seed=seed)
     inputs = keras.Input((5,))
     model = keras.Model(inputs, drop(dense(inputs)))
     dense.set_weights([kernel])
     state = _state(drop)
     model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+    _reseed_torch()
     model.train_on_batch(x, target)
     drop.seed_generator.state.assign(state)
+    _reseed_torch()
     ones = np.ones((8, 6), "float32")
     scale = keras.ops.convert_to_numpy(drop(ones, training=True))
     assert set(np.unique(scale)) == {0.0, 2.0}
@@ -154,6 +166,35 @@ def test_dropout_gradient_is_the_mask(rng):
     upstream = 2.0 * (y - target) / target.size
     expected = kernel - x.T @ (upstream * scale)
     assert_allclose(dense.get_weights()[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_unseeded_dropout_on_each_backend(rng):
+    """A layer without a seed: on JAX the hash of its seed state; on
+    PyTorch `torch.rand(...) < 1 - rate` from torch's global generator
+    (what `F.dropout` draws from); on TensorFlow Keras' dropout. The kept
+    fraction is 1 - rate within 5 sigma on every backend."""
+    x = rng.normal(size=(400, 500)).astype("float32")
+    keras.utils.set_random_seed(5)
+    layer = Dropout(0.3)
+    state = _state(layer)
+    _reseed_torch()
+    y = keras.ops.convert_to_numpy(layer(x, training=True))
+    if HASHED:
+        kept = reference_bits(x.shape, state) < round(0.7 * 2**32)
+        expected = np.where(kept, x / np.float32(0.7), 0.0)
+    elif keras.backend.backend() == "torch":
+        import torch
+
+        _reseed_torch()
+        kept = (torch.rand(x.shape) < 0.7).numpy()
+        expected = np.where(kept, x / np.float32(0.7), 0.0)
+    else:
+        keras.utils.set_random_seed(5)
+        expected = keras.layers.Dropout(0.3)(x, training=True)
+    assert_allclose(y, expected, atol=0, rtol=3e-7)
+    kept = y != 0
+    assert abs(kept.mean() - 0.7) < 5 * math.sqrt(0.21 / kept.size)
+    assert_allclose(y[kept], x[kept] / np.float32(0.7), atol=0, rtol=3e-7)
 
 
 def test_library_layers_use_it():
