@@ -84,12 +84,15 @@ def test_a_jax_step_stops_faulting_its_buffer_in():
     """Measured, not timed: by default every call maps its 256 MB buffer
     afresh (~65,000 page faults of 4 KiB); with the setting applied
     before JAX starts, the heap settles within a few calls and the buffer
-    is reused (next to no faults). Without glibc it changes nothing and
-    says so."""
+    is reused (next to no faults) in most calls. Not in every call on a
+    busy machine: a step whose buffer a thread with an older malloc arena
+    allocates (one created during `import keras`) still maps it (about
+    one call in three with other processes on both cores; see
+    `keep_freed_memory`). Without glibc it changes nothing and says so."""
     if runtime._glibc() is None:
         assert runtime.keep_freed_memory() is False
         return
     default = _faults_per_call("default")
     kept = _faults_per_call("keep")
     assert min(default) > 20_000, default
-    assert max(kept[-3:]) < 1_000, kept
+    assert sorted(kept)[len(kept) // 2] < 1_000, kept  # the median
