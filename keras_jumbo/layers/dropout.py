@@ -69,7 +69,7 @@ def counter_hash_dropout(inputs, rate, seed):
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class Dropout(keras.layers.Dropout):
-    """`keras.layers.Dropout` with a cheaper random mask on JAX.
+    """`keras.layers.Dropout` with cheaper random masks on JAX and PyTorch.
 
     Same arguments, config and function as Keras' layer: in training each
     element is zeroed with probability `rate` and the others are scaled
@@ -95,23 +95,16 @@ class Dropout(keras.layers.Dropout):
     """
 
     def call(self, inputs, training=False):
-        if (
-            training
-            and 0 < self.rate < 1
-            and self.noise_shape is None
-            and keras.backend.backend() in COUNTER_HASH_BACKENDS
-            and all(isinstance(size, int) for size in inputs.shape)
-            and math.prod(inputs.shape) < 2**31  # int32 element indices
-        ):
-            return counter_hash_dropout(
-                inputs, self.rate, self.seed_generator.next()
-            )
-        if (
-            training
-            and 0 < self.rate < 1
-            and self.noise_shape is None
-            and self.seed is None
-            and keras.backend.backend() == "torch"
-        ):
-            return unseeded_dropout(inputs, self.rate)
+        if training and 0 < self.rate < 1 and self.noise_shape is None:
+            backend = keras.backend.backend()
+            if (
+                backend in COUNTER_HASH_BACKENDS
+                and all(isinstance(size, int) for size in inputs.shape)
+                and math.prod(inputs.shape) < 2**31  # int32 element indices
+            ):
+                return counter_hash_dropout(
+                    inputs, self.rate, self.seed_generator.next()
+                )
+            if backend == "torch" and self.seed is None:
+                return unseeded_dropout(inputs, self.rate)
         return super().call(inputs, training=training)
