@@ -6,6 +6,7 @@ from keras_jumbo.layers.channel_mask import ApplyChannelMask
 from keras_jumbo.layers.channel_mask import ChannelMask
 from keras_jumbo.layers.class_token import ClassToken
 from keras_jumbo.layers.closed_form import closed_form_layer_norm
+from keras_jumbo.layers.conv2d import Conv2D
 from keras_jumbo.layers.dropout import Dropout
 from keras_jumbo.layers.fold_channels import FoldChannels
 from keras_jumbo.layers.imagenet_preprocessing import ImageNetPreprocessing
@@ -46,6 +47,7 @@ __all__ = [
     "ParallelBranchBlock",
     "ProgressiveJoin",
     "ClassToken",
+    "Conv2D",
     "Dropout",
     "FoldChannels",
     "ImageNetPreprocessing",

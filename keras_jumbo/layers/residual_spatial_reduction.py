@@ -7,6 +7,7 @@ from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import to_pair
+from keras_jumbo.layers.conv2d import Conv2D
 from keras_jumbo.layers.masked_layer_norm import MaskedLayerNorm
 
 
@@ -125,7 +126,7 @@ class ResidualSpatialReduction(keras.layers.Layer):
             self.layer_norm_epsilon, dtype=self.dtype_policy, name="norm"
         )
         self.norm.build(input_shape)
-        self.conv = keras.layers.Conv2D(
+        self.conv = Conv2D(
             self.output_dim,
             3,
             strides=2,

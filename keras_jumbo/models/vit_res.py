@@ -7,6 +7,7 @@ Liao et al., "Searching for Efficient Multi-Stage Vision Transformers"
 import keras
 
 from keras_jumbo.layers import ClassToken
+from keras_jumbo.layers import Conv2D
 from keras_jumbo.layers import MaskedLayerNorm
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
@@ -182,7 +183,7 @@ def conv_stem(x, filters, data_format, name="stem", created=None):
             keras.layers.ZeroPadding2D(
                 1, data_format=data_format, name=f"{name}_pad{index}"
             ),
-            keras.layers.Conv2D(
+            Conv2D(
                 filters,
                 3,
                 strides=strides,
