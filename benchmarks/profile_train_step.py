@@ -41,6 +41,7 @@ import gzip
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -146,14 +147,18 @@ def hlo_metadata(text):
             return names[backward[0]]
         return names[read[0]] if read and fallback else None
 
-    # Chains of instructions without metadata resolve over a few rounds;
-    # the last round falls back to any reader.
-    for fallback in (False, False, False, False, True):
-        for name in order:
-            if name not in names:
-                op_name = inherit(name, fallback)
-                if op_name is not None:
-                    names[name] = op_name
+    # Chains of instructions without metadata resolve over rounds, until a
+    # round names nothing new; then the rest falls back to any reader.
+    for fallback in (False, True):
+        changed = True
+        while changed:
+            changed = False
+            for name in order:
+                if name not in names:
+                    op_name = inherit(name, fallback)
+                    if op_name is not None:
+                        names[name] = op_name
+                        changed = True
     return names
 
 
@@ -293,11 +298,7 @@ def phase_wall(result):
         busy = sum(e["dur"] for e in events)
         spans["concurrency"].append(busy / max(end - start, 1))
 
-    def median(values):
-        values = sorted(values)
-        return values[len(values) // 2] if values else float("nan")
-
-    return {k: median(v) for k, v in spans.items()}
+    return {k: statistics.median(v) for k, v in spans.items()}
 
 
 def tables(result, top):

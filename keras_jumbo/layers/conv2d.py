@@ -60,7 +60,7 @@ def shifted_matmul_conv2d(inputs, kernel, strides):
         for j in range(kw)
     ]
     if channels < IM2COL_MAX_CHANNELS:
-        gathered = ops.concatenate(taps, axis=-1) if len(taps) > 1 else taps[0]
+        gathered = ops.concatenate(taps, axis=-1)
         return linear(gathered, ops.reshape(kernel, (kh * kw * channels, -1)))
     outputs = None
     for index, tap in enumerate(taps):
@@ -95,7 +95,7 @@ class Conv2D(keras.layers.Conv2D):
     (2, 4, 4, 4)
     """
 
-    def _shifted_matmul(self, inputs, kernel):
+    def _uses_shifted_matmul(self, inputs, kernel):
         if keras.backend.backend() not in SHIFTED_MATMUL_BACKENDS:
             return False
         if (
@@ -114,7 +114,7 @@ class Conv2D(keras.layers.Conv2D):
         return spatial[0] >= kh and spatial[1] >= kw
 
     def convolution_op(self, inputs, kernel):
-        if not self._shifted_matmul(inputs, kernel):
+        if not self._uses_shifted_matmul(inputs, kernel):
             return super().convolution_op(inputs, kernel)
         kernel = ops.cast(kernel, inputs.dtype)
         return shifted_matmul_conv2d(inputs, kernel, tuple(self.strides))
