@@ -7,6 +7,8 @@ training script, before the first JAX computation.
 import ctypes
 import platform
 
+import keras
+
 # glibc's `mallopt` parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
@@ -51,19 +53,30 @@ def keep_freed_memory():
     about +20% images/s (benchmarks/README.md, "The allocator from inside
     the process").
 
-    Call it before the first JAX computation: the setting of one arena
-    applies only to threads that have not allocated yet, and JAX starts
-    its worker threads with its first computation (after `import keras`
-    is fine). Called later, it changes little. Threads that allocated
-    before the call keep the malloc arena they have (`import keras` starts
-    threads that allocate), and a large block allocated on a thread attached
-    to such an arena is still mapped fresh: on an idle 2-core machine the
-    steps take no faults, with other processes busy on both cores about
-    one step in three still faults its buffer in (measured with a 256 MB
-    buffer; tests/test_runtime.py). The process keeps its peak memory
-    until it ends. It is not meant for TensorFlow (its allocator
-    keeps memory already) or `torch.compile` (measured slower with it);
-    the library's recipes call it on JAX only.
+    On the JAX backend it also runs each computation on the thread that
+    calls it (`jax_cpu_enable_async_dispatch=False`). Why: the setting of
+    one arena applies only to threads that have not allocated yet, and
+    `import keras` starts threads that do (pyarrow's, through pandas), so
+    glibc can attach JAX's dispatch threads, started later, to one of
+    their arenas; an arena other than the main one maps every block
+    larger than 64 MB fresh and unmaps it when freed, whatever the
+    settings. With asynchronous dispatch, one process in several still
+    faulted the buffer in at some or all of its steps (all of them in one
+    CI run of tests/test_runtime.py). Python's main thread, where Keras'
+    `fit` runs, always allocates from the main arena, so the buffer is
+    reused: after the heap has grown to its steady size in the first few
+    steps, steps take no faults. Measured (JAX, pico, `fit` at batch 32,
+    2 CPU cores): the same images/s as asynchronous dispatch when that
+    kept its buffer (118 / 124 against 118 / 123), and never the faulting
+    steps.
+
+    Call it before the first JAX computation (after `import keras` is
+    fine): JAX reads the dispatch setting when it creates its CPU client,
+    and threads that allocated before the call keep their arena. Called
+    later, it changes little. The process keeps its peak memory until it
+    ends. It is not meant for TensorFlow (its allocator keeps memory
+    already) or `torch.compile` (measured slower with it); the library's
+    recipes call it on JAX only.
 
     Returns:
         True if the settings were applied; False where there is no glibc
@@ -83,4 +96,14 @@ def keep_freed_memory():
     if libc is None:
         return False
     applied = [libc.mallopt(param, value) == 1 for param, value in SETTINGS]
+    if all(applied) and keras.backend.backend() == "jax":
+        _dispatch_jax_on_the_calling_thread()
     return all(applied)
+
+
+def _dispatch_jax_on_the_calling_thread():
+    """Run JAX CPU computations on the thread that calls them, so their
+    buffers come from that thread's malloc arena (`keep_freed_memory`)."""
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
