@@ -178,8 +178,9 @@ def parser(recipe, description):
         help="auto: on JAX, keep the memory a training step frees in the "
         "process (keras_jumbo.runtime.keep_freed_memory: no page faults "
         "on each step's temporary buffer, about +20%% images/s for pico on 2 "
-        "CPU cores); default: glibc's defaults. TensorFlow and PyTorch "
-        "always keep glibc's defaults",
+        "CPU cores; JAX then runs its computations on the calling thread); "
+        "default: glibc's defaults and JAX's asynchronous dispatch. "
+        "TensorFlow and PyTorch always keep glibc's defaults",
     )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--verbose", type=int, default=2)
