@@ -18,12 +18,15 @@ ALLOWED = {"convert", "data"}  # export and data loading may need a backend
 #   honour torch module hooks and tracing, which only torch can report;
 # - _torch_kernels.py: four ops whose PyTorch kernels `keras.ops` does not
 #   reach (fused linear, reshape, LayerNorm and attention on strided views
-#   without Keras' per-op dispatch); the keras.ops formula elsewhere.
+#   without Keras' per-op dispatch); the keras.ops formula elsewhere;
+# - runtime.py: JAX's CPU dispatch setting (`keep_freed_memory`), a
+#   process setting with no Keras equivalent.
 ALLOWED_FILES = {
     "distribution.py",
     "optimizers.py",
     "_keras_internals.py",
     "_torch_kernels.py",
+    "runtime.py",
 }
 
 
