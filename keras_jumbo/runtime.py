@@ -95,10 +95,10 @@ def keep_freed_memory():
     libc = _glibc()
     if libc is None:
         return False
-    applied = [libc.mallopt(param, value) == 1 for param, value in SETTINGS]
-    if all(applied) and keras.backend.backend() == "jax":
+    applied = all([libc.mallopt(p, v) == 1 for p, v in SETTINGS])
+    if applied and keras.backend.backend() == "jax":
         _dispatch_jax_on_the_calling_thread()
-    return all(applied)
+    return applied
 
 
 def _dispatch_jax_on_the_calling_thread():
