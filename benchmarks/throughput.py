@@ -8,7 +8,10 @@ memory of a training step, each model in a fresh subprocess so that the
 memory numbers do not mix. Peak memory comes from the device where the
 backend exposes it (JAX `memory_stats`, `torch.cuda.max_memory_allocated`,
 TensorFlow `get_memory_info`) and otherwise from the process' peak RSS
-growth over the training steps (CPU; labelled `host_rss`).
+growth over the training steps (CPU; labelled `host_rss`). On JAX each
+image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`,
+as the image recipes do (`--allocator auto`; `--allocator default`
+measures without it); the CSV's `allocator` column says which ran.
 
 Printed in the same run: JumboViT / RegistersViT inference throughput per
 size (paper, Jumbo Tables 5-6 at 128 px on an RTX 4090: 101.7K / 105.9K =
@@ -44,6 +47,7 @@ import numpy as np  # noqa: E402
 
 from keras_jumbo import models  # noqa: E402
 from keras_jumbo import optimizers  # noqa: E402
+from keras_jumbo import runtime  # noqa: E402
 
 # `--models cpu`: one or more sizes of every family, small enough for a CPU.
 CPU_MODELS = (
@@ -272,6 +276,21 @@ def jit_ratio(name, image_size, batch, steps, num_classes=1000):
     return times[True] / times[False], times
 
 
+def _apply_allocator(flag, names):
+    """`--allocator` for a process that measures `names`: "kept" when
+    `runtime.keep_freed_memory()` ran, else "default". Flag "auto" keeps
+    the freed memory on JAX (with glibc) when an image model is among
+    `names`, as the image recipes do; the time-series recipe does not (a
+    PatchTST step of ~12 ms, batch 8, ran 15-20% slower with it;
+    benchmarks/README.md).
+    Call it before the process's first JAX computation."""
+    images = any(name not in TIME_SERIES for name in names)
+    if flag == "auto" and images and keras.backend.backend() == "jax":
+        if runtime.keep_freed_memory():
+            return "kept"
+    return "default"
+
+
 def _in_subprocess(args, name):
     command = [
         sys.executable,
@@ -285,6 +304,7 @@ def _in_subprocess(args, name):
         "--image-size",
         str(args.image_size),
     ]
+    command += ["--allocator", args.allocator]
     command += ["--bf16"] if args.bf16 else []
     command += ["--no-train"] if args.no_train else []
     out = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -351,10 +371,25 @@ def main(argv=None):
     parser.add_argument("--csv", default="benchmarks/results/throughput.csv")
     parser.add_argument("--png", default="benchmarks/results/throughput.png")
     parser.add_argument("--in-process", action="store_true")
+    parser.add_argument(
+        "--allocator",
+        choices=("auto", "default"),
+        default="auto",
+        help="auto (what the recipes do): on JAX, "
+        "keras_jumbo.runtime.keep_freed_memory() before the first "
+        "computation of every image model's worker (the image recipes "
+        "call it, the time-series recipe does not; with --in-process, for "
+        "the whole process when any image model is listed); default: "
+        "glibc's defaults and JAX's asynchronous dispatch. Written to the "
+        "CSV's `allocator` column",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bf16:
         keras.config.set_dtype_policy("mixed_bfloat16")
+    allocator = "default"
+    if args.worker:
+        allocator = _apply_allocator(args.allocator, [args.worker])
     if args.worker:
         row = measure(
             args.worker,
@@ -363,6 +398,7 @@ def main(argv=None):
             args.steps,
             train=not args.no_train,
         )
+        row["allocator"] = allocator
         print(json.dumps(row))
         return row
 
@@ -376,6 +412,8 @@ def main(argv=None):
     )
     if unknown:
         raise ValueError(f"Unknown `--models`: {unknown}")
+    if args.in_process:
+        allocator = _apply_allocator(args.allocator, args.models)
     rows = []
     for name in args.models:
         if args.in_process:
@@ -386,6 +424,7 @@ def main(argv=None):
                 args.steps,
                 train=not args.no_train,
             )
+            row["allocator"] = allocator
         else:
             row = _in_subprocess(args, name)
         rows.append(row)

@@ -70,13 +70,23 @@ def keep_freed_memory():
     kept its buffer (118 / 124 against 118 / 123), and never the faulting
     steps.
 
+    It pays where a step's temporary buffer is large: image models, and
+    the time-series models at large batches (`fit` steps of the PatchTST
+    classifier at batch 256 ~10% faster, of the forecaster at batch 64 ~18%
+    faster). A step of ~12 ms (PatchTST+Jumbo at batch 8)
+    ran 15-20% slower with it, in `fit` and `train_on_batch` alike
+    (synchronous dispatch alone: 5-15% slower; any one of the three malloc
+    settings alone, from the environment: 30-80% slower;
+    benchmarks/README.md, twelfth session). The time-series recipe does
+    not call it.
+
     Call it before the first JAX computation (after `import keras` is
     fine): JAX reads the dispatch setting when it creates its CPU client,
     and threads that allocated before the call keep their arena. Called
     later, it changes little. The process keeps its peak memory until it
     ends. It is not meant for TensorFlow (its allocator keeps memory
     already) or `torch.compile` (measured slower with it); the library's
-    recipes call it on JAX only.
+    image recipes call it on JAX only.
 
     Returns:
         True if the settings were applied; False where there is no glibc
