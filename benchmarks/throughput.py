@@ -282,8 +282,8 @@ def _apply_allocator(flag, names):
     the freed memory on JAX (with glibc) when an image model is among
     `names`, as the image recipes do; the time-series recipe does not (a
     PatchTST step of ~12 ms, batch 8, ran 15-20% slower with it;
-    benchmarks/README.md).
-    Call it before the process's first JAX computation."""
+    benchmarks/README.md). Call it before the process's first JAX
+    computation."""
     images = any(name not in TIME_SERIES for name in names)
     if flag == "auto" and images and keras.backend.backend() == "jax":
         if runtime.keep_freed_memory():
@@ -387,10 +387,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.bf16:
         keras.config.set_dtype_policy("mixed_bfloat16")
-    allocator = "default"
     if args.worker:
         allocator = _apply_allocator(args.allocator, [args.worker])
-    if args.worker:
         row = measure(
             args.worker,
             args.image_size,
@@ -412,6 +410,7 @@ def main(argv=None):
     )
     if unknown:
         raise ValueError(f"Unknown `--models`: {unknown}")
+    allocator = "default"
     if args.in_process:
         allocator = _apply_allocator(args.allocator, args.models)
     rows = []

@@ -72,13 +72,12 @@ def keep_freed_memory():
 
     It pays where a step's temporary buffer is large: image models, and
     the time-series models at large batches (`fit` steps of the PatchTST
-    classifier at batch 256 ~10% faster, of the forecaster at batch 64 ~18%
-    faster). A step of ~12 ms (PatchTST+Jumbo at batch 8)
-    ran 15-20% slower with it, in `fit` and `train_on_batch` alike
-    (synchronous dispatch alone: 5-15% slower; any one of the three malloc
-    settings alone, from the environment: 30-80% slower;
-    benchmarks/README.md, twelfth session). The time-series recipe does
-    not call it.
+    classifier at batch 256 ~10% faster, of the forecaster at batch 64
+    ~18% faster). A step of ~12 ms (PatchTST+Jumbo at batch 8) ran 15-20%
+    slower with it, in `fit` and `train_on_batch` alike (synchronous
+    dispatch alone: 5-15% slower; any one of the three malloc settings
+    alone, from the environment: 30-80% slower; benchmarks/README.md,
+    twelfth session). The time-series recipe does not call it.
 
     Call it before the first JAX computation (after `import keras` is
     fine): JAX reads the dispatch setting when it creates its CPU client,
