@@ -47,7 +47,11 @@ import numpy as np  # noqa: E402
 
 from keras_jumbo import models  # noqa: E402
 from keras_jumbo import optimizers  # noqa: E402
-from keras_jumbo import runtime  # noqa: E402
+
+# The recipes' `--allocator` policy, shared (`recipes/` sits beside this
+# directory and is not installed).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recipes.common import apply_allocator  # noqa: E402
 
 # `--models cpu`: one or more sizes of every family, small enough for a CPU.
 CPU_MODELS = (
@@ -278,17 +282,14 @@ def jit_ratio(name, image_size, batch, steps, num_classes=1000):
 
 def _apply_allocator(flag, names):
     """`--allocator` for a process that measures `names`: "kept" when
-    `runtime.keep_freed_memory()` ran, else "default". Flag "auto" keeps
-    the freed memory on JAX (with glibc) when an image model is among
-    `names`, as the image recipes do; the time-series recipe does not (a
-    PatchTST step of ~12 ms, batch 8, ran 15-20% slower with it;
-    benchmarks/README.md). Call it before the process's first JAX
-    computation."""
+    `keras_jumbo.runtime.keep_freed_memory()` ran, else "default". The
+    image recipes' policy (`recipes.common.apply_allocator`: flag "auto"
+    on JAX, with glibc) when an image model is among `names`; the
+    time-series recipe does not call it (a PatchTST step of ~12 ms, batch
+    8, ran 15-20% slower with it; benchmarks/README.md). Call it before
+    the process's first JAX computation."""
     images = any(name not in TIME_SERIES for name in names)
-    if flag == "auto" and images and keras.backend.backend() == "jax":
-        if runtime.keep_freed_memory():
-            return "kept"
-    return "default"
+    return "kept" if images and apply_allocator(flag) else "default"
 
 
 def _in_subprocess(args, name):
