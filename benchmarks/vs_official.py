@@ -23,6 +23,38 @@ reported:
     torch_compile     keras_jumbo on PyTorch with `jit_compile=True`
                       (`torch.compile` of Keras' steps)
 
+Four more rows (`--no-matmul-floor` leaves them out; CPU, float32): what
+the matmuls alone cost. keras_jumbo's JAX inference and training steps
+are traced (`jax.make_jaxpr`; training = the gradient of the
+cross-entropy loss), and every matmul and convolution in them (each
+`dot_general` / `conv_general_dilated`, forward and backward, with its
+exact shapes and dimension numbers) is timed alone, the best of
+`--floor-reps`; a step's time is the sum over its products. Measured in
+every round, in two processes:
+
+    xla_matmuls       each product as one jitted XLA op on all `--threads`
+                      threads: a step that did nothing but its matmuls,
+                      one after another, at XLA:CPU's speed on these
+                      shapes (no LayerNorm, softmax, GELU, copies or
+                      optimizer)
+    xla_matmuls_ideal the process pinned to one core, one thread; the sum
+                      divided by `--threads`: every core busy with
+                      single-core kernels, in perfect overlap. A step that
+                      computes these products with XLA's kernels is not
+                      faster than this: on these small shapes one thread
+                      per core is the kernels' most efficient setting (and
+                      a lone busy core may clock higher, which only
+                      flatters this row)
+    torch_matmuls, torch_matmuls_ideal
+                      the same `dot_general`s as `torch.einsum`
+                      (PyTorch's oneDNN/MKL kernels, which the official
+                      code uses; each result checked against XLA's);
+                      convolutions (the patch embedding) counted at
+                      XLA's time
+
+Their ratios read against the other rows: a JAX ratio above
+`xla_matmuls_ideal`'s is out of reach of XLA's kernels on this CPU.
+
 Measures: inference images/s (batch `--batch`, `predict_on_batch`, or the
 module under `torch.no_grad()`), and training images/s (batch
 `--train-batch`; AdamW lr 1e-3 wd 0.05, cross-entropy on integer labels;
@@ -39,7 +71,7 @@ Needs the official code (a checkout with `models/jumbo.py` and
 `timm.layers` is used, entered without timm's package `__init__`, which
 needs torchvision).
 
-Usage (2-core CPU; about 10 minutes):
+Usage (2-core CPU; about 20 minutes, of which the matmul floor ~2):
     python benchmarks/vs_official.py \
         --official-repo ../shared/peers/jumbo_official \
         --csv benchmarks/results/vs_official_cpu.csv
@@ -52,8 +84,10 @@ Usage (2-core CPU; about 10 minutes):
 
 import argparse
 import csv
+import functools
 import importlib.util
 import json
+import operator
 import os
 import platform
 import statistics
@@ -278,9 +312,200 @@ def _matmul_peak(args):
     return {"torch_gflops": torch_rate, "jax_gflops": jax_rate}
 
 
+def _step_products(model, x, y, training):
+    """`[(eqn, count)]`: every `dot_general` / `conv_general_dilated` of
+    the JAX inference step (`training=False`) or of the gradient of the
+    training loss, sub-jaxprs included, equal products counted once."""
+    import jax
+    import jax.extend
+    import keras
+
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def forward(weights, x):
+        return model.stateless_call(
+            weights, non_trainable, x, training=training
+        )[0]
+
+    if training:
+
+        def loss(weights, x, y):
+            return keras.ops.mean(
+                keras.losses.sparse_categorical_crossentropy(
+                    y, forward(weights, x), from_logits=True
+                )
+            )
+
+        traced = jax.make_jaxpr(jax.value_and_grad(loss))(trainable, x, y)
+    else:
+        traced = jax.make_jaxpr(forward)(trainable, x)
+    jaxpr_types = (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)
+    counts, first = {}, {}
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+                key = (
+                    eqn.primitive.name,
+                    tuple(tuple(v.aval.shape) for v in eqn.invars),
+                    repr(sorted(eqn.params.items())),
+                )
+                counts[key] = counts.get(key, 0) + 1
+                first.setdefault(key, eqn)
+            for param in eqn.params.values():
+                for sub in (
+                    param if isinstance(param, (list, tuple)) else [param]
+                ):
+                    if isinstance(sub, jaxpr_types):
+                        walk(getattr(sub, "jaxpr", sub))
+
+    walk(traced.jaxpr)
+    return [(first[key], count) for key, count in counts.items()]
+
+
+def _product_flops(eqn):
+    """2 x multiply-adds of one `dot_general` or `conv_general_dilated`."""
+    import math
+
+    lhs, rhs = (v.aval.shape for v in eqn.invars)
+    out = math.prod(eqn.outvars[0].aval.shape)
+    if eqn.primitive.name == "dot_general":
+        (contracting, _), _ = eqn.params["dimension_numbers"]
+        return 2 * out * math.prod(lhs[i] for i in contracting)
+    groups = eqn.params["feature_group_count"]
+    # rhs_spec: (output features, input features, spatial...)
+    spec = eqn.params["dimension_numbers"].rhs_spec
+    return 2 * out * math.prod(rhs[i] for i in spec[1:]) // max(groups, 1)
+
+
+def _einsum_equation(eqn):
+    """The `torch.einsum` equation of a `dot_general` (its output is
+    batch axes, then the lhs's free axes, then the rhs's)."""
+    lhs, rhs = (len(v.aval.shape) for v in eqn.invars)
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    left = [None] * lhs
+    right = [None] * rhs
+    for i, j in zip((*lb, *lc), (*rb, *rc), strict=True):
+        left[i] = right[j] = next(letters)
+    left = [c or next(letters) for c in left]
+    right = [c or next(letters) for c in right]
+    out = [left[i] for i in lb]
+    out += [c for i, c in enumerate(left) if i not in (*lb, *lc)]
+    out += [c for i, c in enumerate(right) if i not in (*rb, *rc)]
+    return f"{''.join(left)},{''.join(right)}->{''.join(out)}"
+
+
+def _blocking(op, *arrays):
+    return op(*arrays).block_until_ready()
+
+
+def _best_seconds(fn, reps):
+    fn()
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _time_products(products, rng, reps):
+    """Best seconds of each product alone, `(on XLA, on torch)` lists:
+    all on XLA first, then on torch (whose idle threads would otherwise
+    spin beside XLA's); a convolution's torch time is its XLA time. Each
+    torch result is checked against XLA's (the same product)."""
+    import jax
+    import numpy as np
+    import torch
+
+    inputs, outputs, xla = [], [], []
+    for eqn, _ in products:
+        arrays = [
+            rng.normal(size=v.aval.shape).astype("float32") for v in eqn.invars
+        ]
+        on_xla = [jax.numpy.asarray(array) for array in arrays]
+        op = jax.jit(functools.partial(eqn.primitive.bind, **eqn.params))
+        xla.append(
+            _best_seconds(functools.partial(_blocking, op, *on_xla), reps)
+        )
+        inputs.append(arrays)
+        outputs.append(np.asarray(op(*on_xla)))
+    on_torch = []
+    for (eqn, _), arrays, expected, seconds in zip(
+        products, inputs, outputs, xla, strict=True
+    ):
+        if eqn.primitive.name != "dot_general":
+            on_torch.append(seconds)
+            continue
+        equation = _einsum_equation(eqn)
+        tensors = [torch.from_numpy(array) for array in arrays]
+        with torch.no_grad():
+            got = torch.einsum(equation, *tensors).numpy()
+            scale = np.abs(expected).max()
+            if not np.allclose(got, expected, atol=1e-4 * scale, rtol=0):
+                raise AssertionError(
+                    f"torch.einsum({equation!r}) is not the product {eqn}"
+                )
+            on_torch.append(
+                _best_seconds(
+                    functools.partial(torch.einsum, equation, *tensors), reps
+                )
+            )
+    return xla, on_torch
+
+
+def _matmul_floor(args):
+    """Seconds per step of keras_jumbo's JAX steps counting only their
+    matmuls, each timed alone on XLA and (dot products) on torch."""
+    import numpy as np
+    import torch
+
+    from keras_jumbo import convert
+    from keras_jumbo import models
+
+    torch.set_num_threads(args.threads)
+    model = convert.official_jumbo_model(
+        args.size, image_size=args.image_size, num_classes=args.num_classes
+    )
+    rng = np.random.default_rng(0)
+    size = args.image_size
+    result = {"macs": models.count_macs(model)}
+    for measure, batch in (
+        ("inference", args.batch),
+        ("training", args.train_batch),
+    ):
+        x = rng.normal(size=(batch, size, size, 3)).astype("float32")
+        y = rng.integers(0, args.num_classes, batch)
+        products = _step_products(model, x, y, measure == "training")
+        xla, on_torch = _time_products(products, rng, args.floor_reps)
+        counts = [count for _, count in products]
+        seconds = {
+            "xla": sum(map(operator.mul, counts, xla)),
+            "torch": sum(map(operator.mul, counts, on_torch)),
+        }
+        flops = sum(count * _product_flops(eqn) for eqn, count in products)
+        result[measure] = {
+            "batch": batch,
+            "products": sum(count for _, count in products),
+            "distinct": len(products),
+            "gflop": flops / 1e9,
+            **seconds,
+        }
+    return result
+
+
 def worker(args):
     if args.worker == "peak":
         result = _matmul_peak(args)
+    elif args.worker in ("matmul_floor", "matmul_floor_one_core"):
+        if args.worker == "matmul_floor_one_core":
+            # Before JAX or torch start their thread pools.
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+            args.threads = 1
+        result = _matmul_floor(args)
     elif args.worker.startswith("official"):
         result = _official(args, args.worker == "official_compile")
     else:
@@ -295,7 +520,7 @@ def _run_worker(name, args, argv):
         env.update(NO_MMAP_MALLOC)
     if name in KERAS_BACKENDS:
         env["KERAS_BACKEND"] = KERAS_BACKENDS[name]
-    elif name == "peak":
+    elif name in ("peak", "matmul_floor", "matmul_floor_one_core"):
         env["KERAS_BACKEND"] = "jax"
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     env["PYTHONPATH"] = os.pathsep.join(
@@ -312,7 +537,7 @@ def _run_worker(name, args, argv):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     raise RuntimeError(
-        f"Contender {name!r} failed (exit {out.returncode}):\n"
+        f"Worker {name!r} failed (exit {out.returncode}):\n"
         + out.stderr[-3000:]
     )
 
@@ -325,7 +550,7 @@ def summarize(results, peak_gflops, macs):
     against `official` (eager); a missing reference leaves the ratio None.
     """
     reference = {"inference": "official_compile", "training": "official"}
-    flops = {"inference": 2 * macs, "training": 6 * macs}
+    flops = {"inference": 2 * (macs or 0), "training": 6 * (macs or 0)}
     rows = []
     for measure in ("inference", "training"):
         base = results.get(reference[measure], {}).get(measure)
@@ -378,10 +603,30 @@ def main(argv=None):
         "default, or no-mmap (MALLOC_MMAP_MAX_=0 and friends; large "
         "buffers reused instead of page-faulted in at every step)",
     )
+    parser.add_argument(
+        "--no-matmul-floor",
+        dest="matmul_floor",
+        action="store_false",
+        help="leave out the xla_matmuls / torch_matmuls rows (the steps' "
+        "matmuls, each timed alone; CPU only)",
+    )
+    parser.add_argument(
+        "--floor-reps",
+        type=int,
+        default=20,
+        help="timings per product for the matmul floor (the best counts)",
+    )
     parser.add_argument("--csv", help="write the rows here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("batch", "train_batch", "steps", "rounds", "threads"):
+    for name in (
+        "batch",
+        "train_batch",
+        "steps",
+        "rounds",
+        "threads",
+        "floor_reps",
+    ):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
     if args.worker:
@@ -404,6 +649,7 @@ def main(argv=None):
         f"--warmup={args.warmup}",
         f"--device={args.device}",
         f"--threads={args.threads}",
+        f"--floor-reps={args.floor_reps}",
     ] + (["--bf16"] if args.bf16 else [])
     peak = _run_worker("peak", args, passed)
     peak_gflops = max(peak.values())
@@ -412,6 +658,13 @@ def main(argv=None):
         f"{peak['jax_gflops']:.0f} GFLOP/s",
         flush=True,
     )
+    floors = {}
+    if args.matmul_floor and args.device == "cpu" and not args.bf16:
+        if hasattr(os, "sched_setaffinity"):
+            floors = {"": "matmul_floor", "_ideal": "matmul_floor_one_core"}
+        else:
+            floors = {"": "matmul_floor"}
+            print("no os.sched_setaffinity here: no *_matmuls_ideal rows")
     results, macs = {}, None
     for round_index in range(args.rounds):
         for contender in args.contenders:
@@ -428,6 +681,25 @@ def main(argv=None):
                 f"{result['training']:.0f} img/s",
                 flush=True,
             )
+        for suffix, name in floors.items():
+            floor = _run_worker(name, args, passed)
+            macs = floor.pop("macs")
+            for measure, found in floor.items():
+                print(
+                    f"round {round_index + 1} {name}, {measure} (batch "
+                    f"{found['batch']}, {found['products']} products, "
+                    f"{found['distinct']} distinct, {found['gflop']:.2f} "
+                    f"GFLOP): XLA {1e3 * found['xla']:.1f} ms, torch "
+                    f"{1e3 * found['torch']:.1f} ms"
+                    + (f" on one core, / {args.threads}" if suffix else ""),
+                    flush=True,
+                )
+                for kernels in ("xla", "torch"):
+                    seconds = found[kernels] / (args.threads if suffix else 1)
+                    results.setdefault(
+                        f"{kernels}_matmuls{suffix}",
+                        {"inference": [], "training": []},
+                    )[measure].append(found["batch"] / seconds)
     rows = summarize(results, peak_gflops, macs)
     print(
         f"\n{args.size}, {args.image_size} px, inference batch {args.batch}, "
