@@ -607,8 +607,9 @@ def main(argv=None):
         "--no-matmul-floor",
         dest="matmul_floor",
         action="store_false",
-        help="leave out the xla_matmuls / torch_matmuls rows (the steps' "
-        "matmuls, each timed alone; CPU only)",
+        help="leave out the matmul floor: the xla_matmuls / torch_matmuls "
+        "rows and their _ideal twins (the steps' matmuls, each timed "
+        "alone; measured on CPU in float32 only)",
     )
     parser.add_argument(
         "--floor-reps",
