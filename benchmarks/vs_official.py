@@ -373,10 +373,10 @@ def _product_flops(eqn):
     if eqn.primitive.name == "dot_general":
         (contracting, _), _ = eqn.params["dimension_numbers"]
         return 2 * out * math.prod(lhs[i] for i in contracting)
-    groups = eqn.params["feature_group_count"]
-    # rhs_spec: (output features, input features, spatial...)
+    # rhs_spec: (output features, input features per group, spatial...);
+    # each output element sums over the kernel's input features and taps.
     spec = eqn.params["dimension_numbers"].rhs_spec
-    return 2 * out * math.prod(rhs[i] for i in spec[1:]) // max(groups, 1)
+    return 2 * out * math.prod(rhs[i] for i in spec[1:])
 
 
 def _einsum_equation(eqn):
