@@ -397,21 +397,6 @@ def _einsum_equation(eqn):
     return f"{''.join(left)},{''.join(right)}->{''.join(out)}"
 
 
-def _blocking(op, *arrays):
-    return op(*arrays).block_until_ready()
-
-
-def _best_seconds(fn, reps):
-    fn()
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _time_products(products, rng, reps):
     """Best seconds of each product alone, `(on XLA, on torch)` lists:
     all on XLA first, then on torch (whose idle threads would otherwise
@@ -420,6 +405,10 @@ def _time_products(products, rng, reps):
     import jax
     import numpy as np
     import torch
+    from xla_backward import best_ms  # this script's directory
+
+    def best_seconds(function, arrays):
+        return best_ms(function, arrays, reps, calls=1) / 1e3
 
     inputs, outputs, xla = [], [], []
     for eqn, _ in products:
@@ -428,9 +417,7 @@ def _time_products(products, rng, reps):
         ]
         on_xla = [jax.numpy.asarray(array) for array in arrays]
         op = jax.jit(functools.partial(eqn.primitive.bind, **eqn.params))
-        xla.append(
-            _best_seconds(functools.partial(_blocking, op, *on_xla), reps)
-        )
+        xla.append(best_seconds(op, on_xla))
         inputs.append(arrays)
         outputs.append(np.asarray(op(*on_xla)))
     on_torch = []
@@ -450,9 +437,7 @@ def _time_products(products, rng, reps):
                     f"torch.einsum({equation!r}) is not the product {eqn}"
                 )
             on_torch.append(
-                _best_seconds(
-                    functools.partial(torch.einsum, equation, *tensors), reps
-                )
+                best_seconds(functools.partial(torch.einsum, equation), tensors)
             )
     return xla, on_torch
 
