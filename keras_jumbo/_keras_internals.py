@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these six things:
+Keras 3.15 has no public way to do these seven things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -21,11 +21,19 @@ Keras 3.15 has no public way to do these six things:
   Keras' only public hook is the per-variable `update_step`, so
   `keras_jumbo.optimizers.AdamW` overrides the whole-step hooks
   `_apply_weight_decay` / `_backend_update_step` and reads its slots with
-  `adam_slots`, `decays_weight` and `torch_adam_update` below.
+  `adam_slots`, `decays_weight` and `torch_adam_update` below;
+- quantise a model without a full garbage collection per layer: Keras'
+  `Layer.__delattr__` runs `gc.collect()` each time a layer drops a
+  variable, which every quantised Dense does (its float kernel), so
+  `model.quantize` cost 0.15-1 s per layer, growing with the process's
+  heap (`collect_garbage_once` below).
 
 Everything else in keras_jumbo uses public Keras API only; if a future
 Keras offers these, this module is the one place to change.
 """
+
+import contextlib
+import gc
 
 import keras
 
@@ -172,3 +180,31 @@ class ReleasesAddedLosses:
         result = super().train_step(*args, **kwargs)
         release_added_losses(self)
         return result
+
+
+@contextlib.contextmanager
+def collect_garbage_once():
+    """Inside the block, `gc.collect()` does nothing; one collection runs
+    at its end.
+
+    Keras' `Layer.__delattr__` collects after each variable a layer drops
+    (so the device frees its buffer at once); quantising or re-quantising
+    a model drops one kernel per Dense layer. One collection after all of
+    them frees the same buffers. Nested blocks collect once, at the end of
+    the outermost.
+    """
+    collect = gc.collect
+    if getattr(collect, "_deferred", False):
+        yield
+        return
+
+    def deferred(*args, **kwargs):
+        return 0
+
+    deferred._deferred = True
+    gc.collect = deferred
+    try:
+        yield
+    finally:
+        gc.collect = collect
+        collect()

@@ -133,3 +133,39 @@ def test_blocks_give_the_same_outputs_either_way(monkeypatch):
     assert not np.allclose(fast[2], start[0])  # the statistics moved
     for a, b in zip(fast, slow, strict=True):
         assert_allclose(a, b, atol=1e-6)
+
+
+def test_model_quantize_collects_garbage_once(monkeypatch):
+    """`model.quantize` on a model class runs one `gc.collect()` (Keras
+    runs one per quantised layer, 0.15-1 s each) and quantises exactly as
+    Keras' own `Model.quantize`."""
+    import gc
+
+    from keras_jumbo import models
+
+    overrides = dict(
+        image_size=16, patch_size=8, hidden_dim=8, depth=2, num_heads=2,
+        num_classes=3,
+    )  # fmt: skip
+    model = models.ViT(**overrides)
+    randomize_weights(model, seed=2)
+    reference = models.ViT(**overrides)
+    reference.set_weights(model.get_weights())
+    calls = []
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
+    model.quantize("int8")
+    assert len(calls) == 1
+    assert gc.collect is not collect  # the patched one is back
+    monkeypatch.setattr(gc, "collect", collect)
+    keras.Model.quantize(reference, "int8")
+    x = _x((2, 16, 16, 3))
+    assert_allclose(model(x), reference(x), atol=0, rtol=0)
+    # Nested blocks collect once, at the end of the outermost.
+    calls.clear()
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
+    with _keras_internals.collect_garbage_once():
+        with _keras_internals.collect_garbage_once():
+            gc.collect()
+        assert not calls
+    assert len(calls) == 1

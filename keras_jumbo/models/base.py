@@ -14,6 +14,7 @@ import inspect
 import keras
 
 from keras_jumbo._keras_internals import ReleasesAddedLosses
+from keras_jumbo._keras_internals import collect_garbage_once
 from keras_jumbo._keras_internals import sublayers
 
 
@@ -185,15 +186,24 @@ class ConfiguredModel(ReleasesAddedLosses, keras.Model):
             for layer in sublayers(self)
             if layer.path
         }
-        for path, config in quantization.items():
-            if path not in layers:
-                raise ValueError(
-                    f"`quantization` names a layer that {type(self).__name__}"
-                    f" does not have. Received: path={path!r}"
-                )
-            if isinstance(config, dict):
-                config = keras.saving.deserialize_keras_object(config)
-            layers[path].quantize(config.mode, config=config)
+        unknown = [path for path in quantization if path not in layers]
+        if unknown:
+            raise ValueError(
+                f"`quantization` names a layer that {type(self).__name__} "
+                f"does not have. Received: path={unknown[0]!r}"
+            )
+        with collect_garbage_once():
+            for path, config in quantization.items():
+                if isinstance(config, dict):
+                    config = keras.saving.deserialize_keras_object(config)
+                layers[path].quantize(config.mode, config=config)
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """Keras' `Model.quantize`, with one garbage collection at the end
+        instead of one per quantised layer (see
+        `_keras_internals.collect_garbage_once`)."""
+        with collect_garbage_once():
+            super().quantize(mode, config=config, filters=filters, **kwargs)
 
     # Shown with the error of a wrong input shape (e.g. how to change the
     # image size); set by subclasses.
