@@ -19,7 +19,9 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
 - `dot_product_attention`: `ops.dot_product_attention` copies query, key
   and value into contiguous tensors before torch's fused attention
   (three copies per block); the kernel reads the strided heads-first
-  views itself, with no copy.
+  views itself, with no copy. Eagerly on a CPU with fewer than
+  `SHORT_ATTENTION_LENGTH` (192) queries, two matmuls and a softmax on
+  those views replace the fused kernel, which is slower there.
 - `unseeded_dropout` (PyTorch only; `layers.Dropout` calls it for a
   layer without a seed): a uniform draw compared with `1 - rate` is
   ~1.8x faster than the `bernoulli_` of Keras' `F.dropout`.
@@ -111,25 +113,44 @@ def layer_norm(x, gamma, beta, epsilon):
     return ops.layer_normalization(x, gamma, beta, epsilon=epsilon)
 
 
+# Query length below which eager PyTorch on a CPU computes attention as
+# two matmuls and a softmax rather than `F.scaled_dot_product_attention`:
+# torch's fused CPU kernel works in blocks of 32 query rows below 192
+# (64 from 192), and on these short sequences it is 1.1-2.3x slower than
+# the three ops (2-core Zen 4, fp32, forward and backward; 197 tokens and
+# more, the fused kernel is faster). benchmarks/README.md, "PyTorch
+# attention on short sequences".
+SHORT_ATTENTION_LENGTH = 192
+
+
 def dot_product_attention(query, key, value, scale):
     """`ops.dot_product_attention(query, key, value, scale=scale)` for
     `(batch, length, heads, head_dim)` inputs, without mask or bias.
 
-    On PyTorch tensors: `F.scaled_dot_product_attention` on heads-first
-    views of the inputs (the views, not contiguous copies). Elsewhere:
-    `ops.dot_product_attention` (with `flash_attention=False`: Keras' own
-    flash check builds a CUDA-only object, a graph break under
-    `torch.compile`).
+    On PyTorch tensors: on heads-first views of the inputs (the views, not
+    contiguous copies), `F.scaled_dot_product_attention`, or, eagerly on a
+    CPU with fewer than `SHORT_ATTENTION_LENGTH` queries, `softmax(q
+    scale kᵀ) v` as two matmuls (the same function to float32 round-off,
+    faster there). Elsewhere: `ops.dot_product_attention` (with
+    `flash_attention=False`: Keras' own flash check builds a CUDA-only
+    object, a graph break under `torch.compile`).
     """
     if _torch_tensors(query, key, value):
+        import torch
         from torch.nn import functional
 
-        out = functional.scaled_dot_product_attention(
-            query.transpose(1, 2),
-            key.transpose(1, 2),
-            value.transpose(1, 2),
-            scale=scale,
-        )
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        if (
+            q.device.type == "cpu"
+            and q.shape[-2] < SHORT_ATTENTION_LENGTH
+            and not torch.compiler.is_compiling()
+        ):
+            probs = torch.softmax(
+                torch.matmul(q * scale, k.transpose(-1, -2)), dim=-1
+            )
+            out = torch.matmul(probs, v)
+        else:
+            out = functional.scaled_dot_product_attention(q, k, v, scale=scale)
         return out.transpose(1, 2)
     return ops.dot_product_attention(
         query, key, value, scale=scale, flash_attention=False

@@ -181,7 +181,14 @@ def test_layer_norm_of_another_dtype_is_the_keras_op(rng):
     )
 
 
-def test_dot_product_attention_equals_the_written_out_attention(rng):
+@pytest.mark.parametrize("short_length", [192, 0], ids=["matmuls", "fused"])
+def test_dot_product_attention_equals_the_written_out_attention(
+    rng, monkeypatch, short_length
+):
+    """Both PyTorch forms (two matmuls and a softmax for short sequences,
+    `F.scaled_dot_product_attention` otherwise) and the `keras.ops`
+    fallback compute the written-out attention."""
+    monkeypatch.setattr(_torch_kernels, "SHORT_ATTENTION_LENGTH", short_length)
     batch, length, heads, head_dim = 2, 7, 3, 4
     # Strided views of one fused q/k/v tensor, as `MultiHeadSelfAttention`
     # passes them.
@@ -198,6 +205,43 @@ def test_dot_product_attention_equals_the_written_out_attention(rng):
     expected = np.einsum("bhqk,bhkd->bqhd", probs, vn)
     assert tuple(out.shape) == (batch, length, heads, head_dim)
     assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not ON_TORCH, reason="the PyTorch kernels' choice")
+def test_short_sequences_skip_the_fused_kernel_with_equal_gradients(
+    rng, monkeypatch
+):
+    """Eager on a CPU, fewer than `SHORT_ATTENTION_LENGTH` queries run as
+    matmuls (no `scaled_dot_product_attention` call); from that length on,
+    the fused kernel runs. Both give the same gradients."""
+    import torch
+
+    fused_calls = []
+    fused = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        fused_calls.append(args[0].shape[-2])
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", spy
+    )
+    values = _tensor(rng, (2, 7, 3, 3, 4), scale=2.0)
+    upstream = _tensor(rng, (2, 7, 3, 4))
+    results = []
+    for short_length in (8, 7):
+        monkeypatch.setattr(
+            _torch_kernels, "SHORT_ATTENTION_LENGTH", short_length
+        )
+        qkv = values.clone().requires_grad_()
+        out = _torch_kernels.dot_product_attention(
+            qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], scale=0.5
+        )
+        out.backward(upstream)
+        results.append((out.detach(), qkv.grad))
+    assert fused_calls == [7]  # only with 7 queries and a limit of 7
+    assert_allclose(results[0][0], results[1][0], atol=1e-6)
+    assert_allclose(results[0][1], results[1][1], atol=1e-5)
 
 
 def test_kernels_take_the_torch_path_only_on_torch_tensors(rng, monkeypatch):

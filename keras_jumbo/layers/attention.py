@@ -17,7 +17,9 @@ from keras_jumbo.layers.dropout import Dropout
 # returned scores or active attention dropout; `key_dim == head_dim`;
 # `MultiHeadSelfAttention._uses_fused_call`) runs as one fused q/k/v
 # matmul and `ops.dot_product_attention` (PyTorch's fused
-# `scaled_dot_product_attention`), as the official code does: 1.07x
+# `scaled_dot_product_attention`, or two matmuls and a softmax for short
+# sequences on a CPU: `_torch_kernels.dot_product_attention`), as the
+# official code does: 1.07x
 # inference, 1.05-1.1x training on the PyTorch backend (pico, 2-core
 # AVX-512 CPU; benchmarks/README.md). On JAX the heads-first einsums below
 # are 2.35x faster than `dot_product_attention`
@@ -45,11 +47,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     On the PyTorch backend, where each op is dispatched eagerly, a plain
     call (no `head_mask`, `previous_scores`, `return_scores` or active
     attention dropout, and `key_dim == head_dim`) runs instead as the
-    official code does: one q/k/v matmul, torch's fused
-    `scaled_dot_product_attention` on strided views of it
-    (`keras_jumbo._torch_kernels`), one output matmul — about a third of
-    the ops, the same function (tested
-    against the einsum form to float32 round-off).
+    official code does: one q/k/v matmul, attention on strided views of
+    it (torch's fused `scaled_dot_product_attention`; eagerly on a CPU
+    with fewer than 192 tokens, where that kernel is slower, two matmuls
+    and a softmax: `keras_jumbo._torch_kernels.dot_product_attention`),
+    one output matmul — about a third of the ops, the same function
+    (tested against the einsum form to float32 round-off).
 
     Args:
         num_heads: int, number of heads.
