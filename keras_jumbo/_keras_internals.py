@@ -191,7 +191,8 @@ def collect_garbage_once():
     (so the device frees its buffer at once); quantising or re-quantising
     a model drops one kernel per Dense layer. One collection after all of
     them frees the same buffers. Nested blocks collect once, at the end of
-    the outermost.
+    the outermost. The switch is process-wide: another thread's
+    `gc.collect()` inside the block is deferred to its end as well.
     """
     collect = gc.collect
     if getattr(collect, "_deferred", False):

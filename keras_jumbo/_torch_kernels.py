@@ -116,7 +116,7 @@ def layer_norm(x, gamma, beta, epsilon):
 # Query length below which eager PyTorch on a CPU computes attention as
 # two matmuls and a softmax rather than `F.scaled_dot_product_attention`:
 # torch's fused CPU kernel works in blocks of 32 query rows below 192
-# (64 from 192), and on these short sequences it is 1.1-2.3x slower than
+# (64 from 192), and on these short sequences it is 1.1-2.4x slower than
 # the three ops (2-core Zen 4, fp32, forward and backward; 197 tokens and
 # more, the fused kernel is faster). benchmarks/README.md, "PyTorch
 # attention on short sequences".
