@@ -265,13 +265,37 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         )
         return dense(self.proj, reshape(out, (batch, length, -1)))
 
-    def _uses_fused_call(self, training, head_mask, previous_scores, scores):
+    def _fused_scores_call(self, x, training, previous_scores):
+        """`_fused_call` for a call that returns the scores or adds
+        residual ones (PatchTST): one q/k/v matmul, heads-first views of
+        it, the scores and the probabilities written out (attention
+        dropout on them as in `call`), one output matmul. Returns the
+        output before its dropout, and the scores."""
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        y = reshape(
+            dense(self.qkv, x),
+            (batch, length, 3, self.num_heads, self.head_dim),
+        )
+        q, k, v = (ops.transpose(y[:, :, i], (0, 2, 1, 3)) for i in range(3))
+        scores = self._scores(q, k, previous_scores)
+        probs = softmax(scores, axis=-1)
+        probs = dropout(self.attention_dropout, probs, training)
+        out = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        out = dense(self.proj, reshape(out, (batch, length, -1)))
+        return out, scores
+
+    def _fused_backend(self, head_mask):
         return (
             keras.backend.backend() in FUSED_ATTENTION_BACKENDS
             and head_mask is None
+            and self.key_dim == self.head_dim
+        )
+
+    def _uses_fused_call(self, training, head_mask, previous_scores, scores):
+        return (
+            self._fused_backend(head_mask)
             and previous_scores is None
             and not scores
-            and self.key_dim == self.head_dim
             and not (training and self.attention_dropout_rate)
         )
 
@@ -288,6 +312,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             training, head_mask, previous_scores, return_scores
         ):
             return dropout(self.dropout, self._fused_call(x), training)
+        if self._fused_backend(head_mask):
+            out, scores = self._fused_scores_call(x, training, previous_scores)
+            out = dropout(self.dropout, out, training)
+            return (out, scores) if return_scores else out
         heads, head_dim = self.num_heads, self.head_dim
         q, k, v = self._qkv(x)
         scores = self._scores(q, k, previous_scores)

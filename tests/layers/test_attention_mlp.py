@@ -138,6 +138,41 @@ def test_fused_attention_call_equals_the_einsum_form(rng, mode):
     )
 
 
+@pytest.mark.parametrize("mode", [None, "int8", "lora"])
+def test_fused_scores_call_equals_the_einsum_form(rng, mode):
+    """The PyTorch backend's call that returns or adds scores (PatchTST's
+    blocks; one q/k/v matmul, the scores written out), run here on every
+    backend, against the einsum form `call` uses with a head mask of
+    ones: the same output and the same scores, with and without residual
+    scores."""
+    layer = MultiHeadSelfAttention(num_heads=3)
+    x = rng.normal(size=(2, 7, 12)).astype("float32")
+    layer(x)
+    randomize_weights(layer)
+    if mode == "lora":
+        for projection in (layer.qkv, layer.proj):
+            projection.enable_lora(2)
+            projection.lora_kernel_b.assign(
+                rng.normal(size=projection.lora_kernel_b.shape) * 0.3
+            )
+    elif mode == "int8":
+        layer.qkv.quantize(mode)
+        layer.proj.quantize(mode)
+    ones = np.ones((2, 1, 12), "float32")
+    previous = rng.normal(size=(2, 3, 7, 7)).astype("float32")
+    for residual in (None, previous):
+        out, scores = layer._fused_scores_call(x, False, residual)
+        expected, expected_scores = layer(
+            x, head_mask=ones, previous_scores=residual, return_scores=True
+        )
+        assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+        assert_allclose(scores, expected_scores, atol=1e-5, rtol=1e-5)
+    # `call` routes there on PyTorch: the same values without a head mask.
+    out, scores = layer(x, previous_scores=previous, return_scores=True)
+    assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+    assert_allclose(scores, expected_scores, atol=1e-5, rtol=1e-5)
+
+
 def test_fused_attention_only_for_a_plain_call_on_torch():
     layer = MultiHeadSelfAttention(num_heads=2)
     layer.build((1, 4, 8))
@@ -154,6 +189,11 @@ def test_fused_attention_only_for_a_plain_call_on_torch():
     dropping.build((1, 4, 8))
     assert not dropping._uses_fused_call(True, None, None, False)
     assert dropping._uses_fused_call(False, None, None, False) == on_torch
+    # Calls with scores take the fused q/k/v matmul on PyTorch too; a head
+    # mask or wider keys keep the einsum form.
+    assert layer._fused_backend(None) == on_torch
+    assert not layer._fused_backend(np.ones((1, 1, 8)))
+    assert not wide_keys._fused_backend(None)
 
 
 def test_attention_dropout_only_in_training(rng):
