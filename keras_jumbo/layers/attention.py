@@ -52,7 +52,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     with fewer than 192 tokens, where that kernel is slower, two matmuls
     and a softmax: `keras_jumbo._torch_kernels.dot_product_attention`),
     one output matmul — about a third of the ops, the same function
-    (tested against the einsum form to float32 round-off).
+    (tested against the einsum form to float32 round-off). A call that
+    returns or adds scores (PatchTST's blocks) or drops attention
+    probabilities in training takes the same q/k/v matmul on PyTorch,
+    with the scores and probabilities written out; only a head mask or
+    `key_dim != head_dim` keeps the einsum form there.
 
     Args:
         num_heads: int, number of heads.
