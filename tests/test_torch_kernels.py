@@ -207,25 +207,35 @@ def test_dot_product_attention_equals_the_written_out_attention(
     assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(not ON_TORCH, reason="the PyTorch kernels' choice")
 def test_short_sequences_skip_the_fused_kernel_with_equal_gradients(
     rng, monkeypatch
 ):
-    """Eager on a CPU, fewer than `SHORT_ATTENTION_LENGTH` queries run as
-    matmuls (no `scaled_dot_product_attention` call); from that length on,
-    the fused kernel runs. Both give the same gradients."""
-    import torch
+    """On PyTorch, eager on a CPU, fewer than `SHORT_ATTENTION_LENGTH`
+    queries run as matmuls (no `scaled_dot_product_attention` call); from
+    that length on, the fused kernel runs. Both give the same values and
+    gradients. Elsewhere the limit changes nothing: the `keras.ops`
+    fallback runs either way."""
+    kernels = []
+    if ON_TORCH:
+        import torch
 
-    fused_calls = []
-    fused = torch.nn.functional.scaled_dot_product_attention
+        fused = torch.nn.functional.scaled_dot_product_attention
 
-    def spy(*args, **kwargs):
-        fused_calls.append(args[0].shape[-2])
-        return fused(*args, **kwargs)
+        def spy(*args, **kwargs):
+            kernels.append(args[0].shape[-2])
+            return fused(*args, **kwargs)
 
-    monkeypatch.setattr(
-        torch.nn.functional, "scaled_dot_product_attention", spy
-    )
+        monkeypatch.setattr(
+            torch.nn.functional, "scaled_dot_product_attention", spy
+        )
+    else:
+        fallback = _torch_kernels.ops.dot_product_attention
+
+        def spy(*args, **kwargs):
+            kernels.append("ops")
+            return fallback(*args, **kwargs)
+
+        monkeypatch.setattr(_torch_kernels.ops, "dot_product_attention", spy)
     values = _tensor(rng, (2, 7, 3, 3, 4), scale=2.0)
     upstream = _tensor(rng, (2, 7, 3, 4))
     results = []
@@ -233,13 +243,24 @@ def test_short_sequences_skip_the_fused_kernel_with_equal_gradients(
         monkeypatch.setattr(
             _torch_kernels, "SHORT_ATTENTION_LENGTH", short_length
         )
+        if not ON_TORCH:
+            results.append(
+                _torch_kernels.dot_product_attention(
+                    values[:, :, 0], values[:, :, 1], values[:, :, 2], 0.5
+                )
+            )
+            continue
         qkv = values.clone().requires_grad_()
         out = _torch_kernels.dot_product_attention(
             qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], scale=0.5
         )
         out.backward(upstream)
         results.append((out.detach(), qkv.grad))
-    assert fused_calls == [7]  # only with 7 queries and a limit of 7
+    if not ON_TORCH:
+        assert kernels == ["ops", "ops"]
+        assert_allclose(results[0], results[1], atol=0, rtol=0)
+        return
+    assert kernels == [7]  # only with 7 queries and a limit of 7
     assert_allclose(results[0][0], results[1][0], atol=1e-6)
     assert_allclose(results[0][1], results[1][1], atol=1e-5)
 

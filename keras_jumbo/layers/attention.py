@@ -251,23 +251,32 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         q, k, _ = self._qkv(inputs)
         return softmax(self._scores(q, k, previous_scores), axis=-1)
 
-    def _fused_call(self, x):
-        """The plain attention as one q/k/v matmul (through `dense`, so a
-        quantised or LoRA sublayer keeps its own call), `(batch, length, 3,
-        heads, head_dim)` views, fused attention on them and the output
-        matmul."""
+    def _fused_qkv(self, x):
+        """One q/k/v matmul (through `dense`, so a quantised or LoRA
+        sublayer keeps its own call) as `(batch, length, 3, heads,
+        head_dim)`."""
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        y = reshape(
+        return reshape(
             dense(self.qkv, x),
             (batch, length, 3, self.num_heads, self.head_dim),
         )
+
+    def _fused_project(self, out):
+        """`(batch, length, heads, head_dim)` -> the output matmul."""
+        batch, length = ops.shape(out)[0], ops.shape(out)[1]
+        return dense(self.proj, reshape(out, (batch, length, -1)))
+
+    def _fused_call(self, x):
+        """The plain attention as one q/k/v matmul, fused attention on
+        views of it and the output matmul."""
+        y = self._fused_qkv(x)
         out = dot_product_attention(
             y[:, :, 0],
             y[:, :, 1],
             y[:, :, 2],
             scale=1.0 / math.sqrt(self.key_dim),
         )
-        return dense(self.proj, reshape(out, (batch, length, -1)))
+        return self._fused_project(out)
 
     def _fused_scores_call(self, x, training, previous_scores):
         """`_fused_call` for a call that returns the scores or adds
@@ -275,18 +284,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         it, the scores and the probabilities written out (attention
         dropout on them as in `call`), one output matmul. Returns the
         output before its dropout, and the scores."""
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        y = reshape(
-            dense(self.qkv, x),
-            (batch, length, 3, self.num_heads, self.head_dim),
-        )
+        y = self._fused_qkv(x)
         q, k, v = (ops.transpose(y[:, :, i], (0, 2, 1, 3)) for i in range(3))
         scores = self._scores(q, k, previous_scores)
         probs = softmax(scores, axis=-1)
         probs = dropout(self.attention_dropout, probs, training)
         out = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
-        out = dense(self.proj, reshape(out, (batch, length, -1)))
-        return out, scores
+        return self._fused_project(out), scores
 
     def _fused_backend(self, head_mask):
         return (
