@@ -23,8 +23,9 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   `SHORT_ATTENTION_LENGTH` (192) queries, two matmuls and a softmax on
   those views replace the fused kernel, which is slower there.
 - `unseeded_dropout` (PyTorch only; `layers.Dropout` calls it for a
-  layer without a seed): a uniform draw compared with `1 - rate` is
-  ~1.8x faster than the `bernoulli_` of Keras' `F.dropout`.
+  layer without a seed): 32 random bits per element, drawn two elements
+  per 64-bit draw, and a multiply: forward + backward 2.3x faster than
+  the `bernoulli_` of Keras' `F.dropout`.
 
 Each of the first four is the `keras.ops` formula on JAX and TensorFlow, for
 symbolic inputs (`keras.KerasTensor`), and whenever the PyTorch kernel's
@@ -157,17 +158,42 @@ def dot_product_attention(query, key, value, scale):
     )
 
 
+def int32_keep_threshold(rate):
+    """The int32 `t` below which a uniformly random int32 falls with
+    probability `round((1 - rate) * 2**32) / 2**32`: the keep test of a
+    dropout mask drawn as 32 random bits per element (`1 - rate` exact to
+    2**-32)."""
+    return min(round((1.0 - rate) * 2**32), 2**32 - 1) - 2**31
+
+
 def unseeded_dropout(x, rate):
     """Inverted dropout of a PyTorch tensor from torch's global generator,
     what Keras' dropout does on PyTorch for a layer without a seed
-    (`F.dropout`), with the mask drawn as `torch.rand(...) < 1 - rate`
-    instead of `F.dropout`'s `bernoulli_`: the same distribution (kept
-    with probability `1 - rate`, to float32 resolution), about 1.8x faster
-    on CPU (5.3 vs 9.4 ms for a `(224, 42, 128)` tensor, 2 cores).
-    `torch.compile` traces it as it does `F.dropout`."""
+    (`F.dropout`): each element kept with probability `1 - rate` and
+    scaled by `1 / (1 - rate)`.
+
+    Eagerly, the mask is 32 random bits per element, drawn as 64-bit
+    integers over their full range (`random_(-2**63, None)`, two elements
+    per draw) and compared with `int32_keep_threshold`, then multiplied in
+    as a float mask (what `F.dropout` keeps for its gradient too). On CPU
+    this is 1.6x faster forward + backward than a `torch.rand(...) < 1 -
+    rate` mask applied with `torch.where`, and 2.3x faster than
+    `F.dropout`'s `bernoulli_` (4.6 / 7.6 / 10.4 ms for a `(224, 42, 128)`
+    tensor, 2 cores): torch draws random numbers on one core, so fewer,
+    wider draws and one cheap multiply in each direction pay.
+    `1 - rate` is exact to 2**-32 (a float32 `torch.rand` draw: 2**-24).
+    Under `torch.compile` it is `torch.rand(...) < 1 - rate`, which the
+    compiler generates inside its own fused kernel."""
     import torch
 
     keep = 1.0 - rate
-    kept = torch.rand(x.shape, device=x.device) < keep
-    zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    return torch.where(kept, x / keep, zero)
+    if torch.compiler.is_compiling():
+        kept = torch.rand(x.shape, device=x.device) < keep
+    else:
+        size = x.numel()
+        bits = torch.empty(
+            ((size + 1) // 2,), dtype=torch.int64, device=x.device
+        ).random_(-(2**63), None)
+        bits = bits.view(torch.int32)[:size].view(x.shape)
+        kept = bits < int32_keep_threshold(rate)
+    return x * kept.to(x.dtype).mul_(1.0 / keep)

@@ -3,6 +3,7 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._torch_kernels import int32_keep_threshold
 from keras_jumbo._torch_kernels import unseeded_dropout
 
 # The backends whose training step XLA compiles by default, where the
@@ -59,12 +60,10 @@ def counter_hash_dropout(inputs, rate, seed):
         rate: float in (0, 1), the drop probability.
         seed: two integers (a `SeedGenerator.next()` value).
     """
-    keep = 1.0 - rate
-    threshold = min(round(keep * 2**32), 2**32 - 1)
     bits = counter_hash_bits(tuple(inputs.shape), seed)
     # Unsigned `bits < threshold`, compared as int32 with the sign flipped.
-    kept = ops.less(ops.bitwise_xor(bits, -(2**31)), threshold - 2**31)
-    return ops.where(kept, inputs / keep, ops.zeros_like(inputs))
+    kept = ops.less(ops.bitwise_xor(bits, -(2**31)), int32_keep_threshold(rate))
+    return ops.where(kept, inputs / (1.0 - rate), ops.zeros_like(inputs))
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -82,10 +81,10 @@ class Dropout(keras.layers.Dropout):
     cores. The masks differ from Keras' layer's for the same seed (a
     different generator); their distribution is the same. On PyTorch a
     layer without a `seed` draws, like Keras' layer, from torch's global
-    generator, as `torch.rand(...) < 1 - rate` (`_torch_kernels.
-    unseeded_dropout`, ~1.8x faster than the `bernoulli_` of Keras'
-    `F.dropout`). Otherwise (TensorFlow, a seeded layer on PyTorch, a
-    `noise_shape`) it is Keras' dropout.
+    generator, as 32 random bits per element (`_torch_kernels.
+    unseeded_dropout`, forward + backward 2.3x faster than the
+    `bernoulli_` of Keras' `F.dropout`). Otherwise (TensorFlow, a seeded
+    layer on PyTorch, a `noise_shape`) it is Keras' dropout.
 
     Example:
     >>> layer = Dropout(0.5, seed=1)

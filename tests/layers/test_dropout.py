@@ -170,9 +170,11 @@ def test_dropout_gradient_is_the_mask(rng, seed):
 
 def test_unseeded_dropout_on_each_backend(rng):
     """A layer without a seed: on JAX the hash of its seed state; on
-    PyTorch `torch.rand(...) < 1 - rate` from torch's global generator
-    (what `F.dropout` draws from); on TensorFlow Keras' dropout. The kept
-    fraction is 1 - rate within 5 sigma on every backend."""
+    PyTorch 32 bits per element from torch's global generator (what
+    `F.dropout` draws from), two elements per full-range 64-bit draw, kept
+    where the signed word is below `round(0.7 * 2**32) - 2**31`; on
+    TensorFlow Keras' dropout.
+    The kept fraction is 1 - rate within 5 sigma on every backend."""
     x = rng.normal(size=(400, 500)).astype("float32")
     keras.utils.set_random_seed(5)
     layer = Dropout(0.3)
@@ -186,8 +188,10 @@ def test_unseeded_dropout_on_each_backend(rng):
         import torch
 
         _reseed_torch()
-        kept = (torch.rand(x.shape) < 0.7).numpy()
-        expected = np.where(kept, x / np.float32(0.7), 0.0)
+        draws = torch.empty((x.size // 2,), dtype=torch.int64)
+        words = draws.random_(-(2**63), None).numpy().view(np.int32)
+        kept = words.reshape(x.shape) < round(0.7 * 2**32) - 2**31
+        expected = np.where(kept, x * np.float32(1 / 0.7), 0.0)
     else:
         keras.utils.set_random_seed(5)
         expected = keras.layers.Dropout(0.3)(x, training=True)
@@ -217,3 +221,29 @@ def test_library_layers_use_it():
         if isinstance(layer, keras.layers.Dropout)
     ]
     assert dropouts and all(type(d) is Dropout for d in dropouts)
+
+
+def test_unseeded_dropout_in_a_compiled_training_step():
+    """`jit_compile=True` (PyTorch: `torch.compile`, where the mask is
+    `torch.rand(...) < 1 - rate` generated inside the compiled kernel; JAX
+    and TensorFlow: XLA). One SGD step (lr 1, MSE) of a zero kernel into
+    Dropout(0.3), with input 1 and target 2000 over 4000 units, moves each
+    kernel entry by exactly its mask value: 0 or 1 / 0.7, kept in 1 - rate
+    of the entries within 5 sigma."""
+    units = 4000
+    drop = Dropout(0.3)
+    dense = keras.layers.Dense(
+        units, use_bias=False, kernel_initializer="zeros"
+    )
+    inputs = keras.Input((1,))
+    model = keras.Model(inputs, drop(dense(inputs)))
+    model.compile(
+        optimizer=keras.optimizers.SGD(1.0), loss="mse", jit_compile=True
+    )
+    model.train_on_batch(
+        np.ones((1, 1), "float32"), np.full((1, units), units / 2, "float32")
+    )
+    mask = dense.get_weights()[0][0]
+    kept = mask != 0
+    assert abs(kept.mean() - 0.7) < 5 * math.sqrt(0.21 / units)
+    assert_allclose(mask[kept], np.full(kept.sum(), 1 / 0.7), atol=0, rtol=3e-7)
