@@ -22,6 +22,12 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   views itself, with no copy. Eagerly on a CPU with fewer than
   `SHORT_ATTENTION_LENGTH` (192) queries, two matmuls and a softmax on
   those views replace the fused kernel, which is slower there.
+- `batch_norm`, `batch_norm_training` (PyTorch only; `layers.
+  BatchNormalization` calls them when `batch_norm_applies`): Keras'
+  layer computes batch normalisation as ~8 element-wise ops (`ops.moments`
+  and `ops.batch_normalization`) and their gradients; `F.batch_norm` is
+  one kernel each way: forward + backward 7x faster for a `(224, 42, 128)`
+  input (10.2 vs 1.4 ms).
 - `unseeded_dropout` (PyTorch only; `layers.Dropout` calls it for a
   layer without a seed): 32 random bits per element, drawn two elements
   per 64-bit draw, and a multiply: forward + backward 2.3x faster than
@@ -112,6 +118,83 @@ def layer_norm(x, gamma, beta, epsilon):
                 x, (x.shape[-1],), gamma, beta, epsilon
             )
     return ops.layer_normalization(x, gamma, beta, epsilon=epsilon)
+
+
+def batch_norm_applies(x, axis):
+    """Whether `batch_norm` / `batch_norm_training` take `x`: a float32
+    PyTorch tensor of rank 2 or more, normalised over axis 1 or its last
+    axis (the layouts `F.batch_norm` reads as `(N, C, ...)` or, reshaped,
+    `(N, C)`), with more than one value per channel."""
+    if not _torch_tensors(x):
+        return False
+    import torch
+
+    rank = x.ndim
+    return (
+        x.dtype == torch.float32
+        and rank >= 2
+        and axis % rank in (1, rank - 1)
+        and x.numel() > x.shape[axis]
+    )
+
+
+def _channels_second(x, axis):
+    """`x` as `F.batch_norm`'s `(N, C, ...)`: itself when `axis` is 1, else
+    (the last axis) its rows `(N, C)`."""
+    return x if axis % x.ndim == 1 else x.reshape(-1, x.shape[-1])
+
+
+def batch_norm(x, axis, mean, variance, scale, offset, epsilon):
+    """`ops.batch_normalization(x, mean, variance, axis, offset, scale,
+    epsilon)` (Keras' batch normalisation with given statistics, e.g. the
+    moving ones at inference) as one `F.batch_norm` call, for `x` that
+    `batch_norm_applies` to; `scale` / `offset` may be None."""
+    from torch.nn import functional
+
+    outputs = functional.batch_norm(
+        _channels_second(x, axis),
+        mean,
+        variance,
+        scale,
+        offset,
+        training=False,
+        eps=epsilon,
+    )
+    return outputs.reshape(x.shape)
+
+
+def batch_norm_training(x, axis, scale, offset, epsilon):
+    """Keras' training-time batch normalisation for `x` that
+    `batch_norm_applies` to: `x` normalised with its own mean and biased
+    variance over every axis but `axis`, the gradient flowing through
+    them (`ops.moments`, then `ops.batch_normalization`). Returns
+    `(outputs, mean, variance)`; `mean` and `variance` carry no gradient
+    (the layer's moving averages take them).
+
+    One `F.batch_norm(training=True)` call, with fresh zero buffers as its
+    running statistics and momentum 1, so that it writes the batch mean
+    and the unbiased variance into them; the biased variance is the
+    latter times `(n - 1) / n`. (Keras computes the variance as `E[x²] -
+    E[x]²`, torch in a stabler form: the same to float32 round-off.)"""
+    import torch
+    from torch.nn import functional
+
+    channels = x.shape[axis]
+    count = x.numel() // channels
+    mean, variance = (
+        torch.zeros(channels, dtype=x.dtype, device=x.device) for _ in "mv"
+    )
+    outputs = functional.batch_norm(
+        _channels_second(x, axis),
+        mean,
+        variance,
+        scale,
+        offset,
+        training=True,
+        momentum=1.0,
+        eps=epsilon,
+    )
+    return outputs.reshape(x.shape), mean, variance * ((count - 1) / count)
 
 
 # Query length below which eager PyTorch on a CPU computes attention as

@@ -1,6 +1,7 @@
 """Keras layers of keras_jumbo (one public layer per module)."""
 
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
+from keras_jumbo.layers.batch_norm import BatchNormalization
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.channel_mask import ApplyChannelMask
 from keras_jumbo.layers.channel_mask import ChannelMask
@@ -42,6 +43,7 @@ from keras_jumbo.layers.vit_block import ViTBlock
 
 __all__ = [
     "ApplyChannelMask",
+    "BatchNormalization",
     "ChannelMask",
     "BlockwiseMHSA",
     "ParallelBranchBlock",

@@ -6,6 +6,7 @@ from keras_jumbo.layers._utils import check_choice
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.attention import MultiHeadSelfAttention
+from keras_jumbo.layers.batch_norm import BatchNormalization
 from keras_jumbo.layers.layer_norm import LayerNormalization
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.stochastic_depth import StochasticDepth
@@ -112,7 +113,7 @@ class PatchTSTEncoderBlock(keras.layers.Layer):
 
     def _norm(self, name):
         if self.normalization == "batch_norm":
-            return keras.layers.BatchNormalization(
+            return BatchNormalization(
                 epsilon=self.layer_norm_epsilon,
                 momentum=0.9,
                 dtype=self.dtype_policy,

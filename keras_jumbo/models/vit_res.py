@@ -6,6 +6,7 @@ Liao et al., "Searching for Efficient Multi-Stage Vision Transformers"
 
 import keras
 
+from keras_jumbo.layers import BatchNormalization
 from keras_jumbo.layers import ClassToken
 from keras_jumbo.layers import Conv2D
 from keras_jumbo.layers import MaskedLayerNorm
@@ -191,7 +192,7 @@ def conv_stem(x, filters, data_format, name="stem", created=None):
                 data_format=data_format,
                 name=f"{name}_conv{index}",
             ),
-            keras.layers.BatchNormalization(
+            BatchNormalization(
                 axis=axis,
                 epsilon=1e-5,
                 momentum=0.9,
