@@ -138,10 +138,23 @@ def batch_norm_applies(x, axis):
     )
 
 
-def _channels_second(x, axis):
-    """`x` as `F.batch_norm`'s `(N, C, ...)`: itself when `axis` is 1, else
-    (the last axis) its rows `(N, C)`."""
-    return x if axis % x.ndim == 1 else x.reshape(-1, x.shape[-1])
+def _batch_norm(x, axis, mean, variance, scale, offset, epsilon, training):
+    """`F.batch_norm` of `x` over `axis`: on `x` itself when `axis` is 1
+    (its `(N, C, ...)` layout), else (the last axis) on its rows `(N, C)`.
+    In training, momentum 1: the running statistics become the batch's."""
+    from torch.nn import functional
+
+    outputs = functional.batch_norm(
+        x if axis % x.ndim == 1 else x.reshape(-1, x.shape[-1]),
+        mean,
+        variance,
+        scale,
+        offset,
+        training=training,
+        momentum=1.0,
+        eps=epsilon,
+    )
+    return outputs.reshape(x.shape)
 
 
 def batch_norm(x, axis, mean, variance, scale, offset, epsilon):
@@ -149,18 +162,7 @@ def batch_norm(x, axis, mean, variance, scale, offset, epsilon):
     epsilon)` (Keras' batch normalisation with given statistics, e.g. the
     moving ones at inference) as one `F.batch_norm` call, for `x` that
     `batch_norm_applies` to; `scale` / `offset` may be None."""
-    from torch.nn import functional
-
-    outputs = functional.batch_norm(
-        _channels_second(x, axis),
-        mean,
-        variance,
-        scale,
-        offset,
-        training=False,
-        eps=epsilon,
-    )
-    return outputs.reshape(x.shape)
+    return _batch_norm(x, axis, mean, variance, scale, offset, epsilon, False)
 
 
 def batch_norm_training(x, axis, scale, offset, epsilon):
@@ -177,24 +179,14 @@ def batch_norm_training(x, axis, scale, offset, epsilon):
     latter times `(n - 1) / n`. (Keras computes the variance as `E[x²] -
     E[x]²`, torch in a stabler form: the same to float32 round-off.)"""
     import torch
-    from torch.nn import functional
 
     channels = x.shape[axis]
     count = x.numel() // channels
     mean, variance = (
         torch.zeros(channels, dtype=x.dtype, device=x.device) for _ in "mv"
     )
-    outputs = functional.batch_norm(
-        _channels_second(x, axis),
-        mean,
-        variance,
-        scale,
-        offset,
-        training=True,
-        momentum=1.0,
-        eps=epsilon,
-    )
-    return outputs.reshape(x.shape), mean, variance * ((count - 1) / count)
+    outputs = _batch_norm(x, axis, mean, variance, scale, offset, epsilon, True)
+    return outputs, mean, variance * ((count - 1) / count)
 
 
 # Query length below which eager PyTorch on a CPU computes attention as

@@ -231,8 +231,8 @@ def resolve_jit_compile(flag, total_steps, torch_compile=True):
     is then at least as fast (pico at 128 px, 2026-11-26: training 1.31x
     the official eager step compiled, 1.29x eager; on small inputs, where
     eager PyTorch pays per op, the smoke recipes' Jumbo step took 62
-    against 115 ms on 2026-11-25). `torch_compile=False` (a recipe whose compiled step is no
-    faster) keeps "auto" eager on PyTorch."""
+    against 115 ms on 2026-11-25). `torch_compile=False` (a recipe whose
+    compiled step is no faster) keeps "auto" eager on PyTorch."""
     if flag not in ("auto", "true", "false"):
         raise ValueError(
             "`jit_compile` must be one of 'auto', 'true', 'false'. "

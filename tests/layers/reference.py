@@ -60,3 +60,39 @@ def norm(x, layer):
 
 def value(variable):
     return keras.ops.convert_to_numpy(variable).astype("float64")
+
+
+def weights_after_one_sgd_step(norm, x, target):
+    """Every weight after one SGD step (lr 1, MSE) of Dense -> `norm` ->
+    tanh on `x`: the Dense kernel's update carries `norm`'s input gradient,
+    `norm`'s own weights their gradients (and any statistics it updates)."""
+    units = x.shape[-1]
+    dense = keras.layers.Dense(units, name="dense")
+    inputs = keras.Input(x.shape[1:])
+    outputs = keras.layers.Activation("tanh")(norm(dense(inputs)))
+    model = keras.Model(inputs, outputs)
+    dense.set_weights(
+        [
+            np.random.default_rng(5).normal(size=(units, units)),
+            np.linspace(-1, 1, units),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+    model.train_on_batch(x, target)
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+def assert_same_sgd_step(ours, stock, x, target):
+    """`ours` and `stock` (built, with equal weights) give the same weights
+    after `weights_after_one_sgd_step`, and every weight of theirs moved
+    (so no gradient is trivially zero). Returns ours."""
+    from keras_jumbo.testing import assert_allclose
+
+    before = [np.asarray(w) for w in stock.get_weights()]
+    got = weights_after_one_sgd_step(ours, x, target)
+    want = weights_after_one_sgd_step(stock, x, target)
+    for g, w in zip(got, want, strict=True):
+        assert_allclose(g, w, atol=1e-5, rtol=1e-4)
+    moved = [np.abs(a - b).max() for a, b in zip(got[2:], before, strict=True)]
+    assert min(moved) > 1e-4
+    return got

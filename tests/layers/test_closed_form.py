@@ -11,6 +11,8 @@ from keras_jumbo.layers.closed_form import softmax
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
+from tests.layers.reference import assert_same_sgd_step
+from tests.layers.reference import weights_after_one_sgd_step
 
 
 def test_layer_norm_harness():
@@ -50,37 +52,11 @@ def test_forward_equals_keras_layer_norm(rng, kwargs):
         assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-def _one_sgd_step(norm, x, target):
-    """Weights after one SGD step (lr 1) of Dense -> norm -> tanh, MSE:
-    the update of the Dense kernel is the input gradient of `norm`
-    contracted with `x`; norm's own updates are its weight gradients."""
-    dense = keras.layers.Dense(12, name="dense")
-    inputs = keras.Input(x.shape[1:])
-    outputs = keras.layers.Activation("tanh")(norm(dense(inputs)))
-    model = keras.Model(inputs, outputs)
-    dense.set_weights(
-        [
-            np.random.default_rng(5).normal(size=(12, 12)).astype("float32"),
-            np.linspace(-1, 1, 12).astype("float32"),
-        ]
-    )
-    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
-    model.train_on_batch(x, target)
-    return [np.asarray(w) for w in model.get_weights()]
-
-
 def test_gradients_equal_keras_layer_norm(rng):
     ours, stock = _pair()
     x = rng.normal(size=(4, 7, 12)).astype("float32")
     target = rng.normal(size=(4, 7, 12)).astype("float32")
-    before = [np.asarray(w) for w in stock.get_weights()]
-    got = _one_sgd_step(ours, x, target)
-    want = _one_sgd_step(stock, x, target)
-    for g, w in zip(got, want, strict=True):
-        assert_allclose(g, w, atol=1e-5, rtol=1e-4)
-    # Every weight moved: the gradients are not trivially zero.
-    moved = [np.abs(a - b).max() for a, b in zip(got[2:], before, strict=True)]
-    assert min(moved) > 1e-4
+    assert_same_sgd_step(ours, stock, x, target)
 
 
 def test_library_blocks_use_it():
@@ -108,8 +84,8 @@ def test_softmax_values_and_gradients_equal_keras(rng):
     assert_allclose(keras.ops.sum(got, axis=-1), np.ones((3, 2, 5)), 1e-6)
     target = rng.normal(size=(4, 7, 12)).astype("float32")
     x = rng.normal(size=(4, 7, 12)).astype("float32")
-    ours = _one_sgd_step(_Softmax(softmax), x, target)
-    stock = _one_sgd_step(_Softmax(keras.ops.softmax), x, target)
+    ours = weights_after_one_sgd_step(_Softmax(softmax), x, target)
+    stock = weights_after_one_sgd_step(_Softmax(keras.ops.softmax), x, target)
     for g, w in zip(ours, stock, strict=True):
         assert_allclose(g, w, atol=1e-6, rtol=1e-5)
     start = np.random.default_rng(5).normal(size=(12, 12))
