@@ -58,12 +58,16 @@ Their ratios read against the other rows: a JAX ratio above
 Measures: inference images/s (batch `--batch`, `predict_on_batch`, or the
 module under `torch.no_grad()`), and training images/s (batch
 `--train-batch`; AdamW lr 1e-3 wd 0.05, cross-entropy on integer labels;
-`train_on_batch`, or forward + backward + `step()` for the official code).
-Ratios: inference against `official_compile`, training against `official`
-(eager). FLOP utilisation = FLOPs per image x images/s / the fp32 matmul
-peak measured in the same run (the best of a 2048^3 `torch.matmul` and a
-jitted JAX `dot`); FLOPs per image = 2 x `count_macs` for inference and 3x
-that for a training step (forward + backward ~ 2x forward).
+`train_on_batch`, or forward + backward + `step()` for the official code)
+and, for keras_jumbo, training images/s under `fit` (`training_fit`: one
+epoch over `--steps` copies of the batch; `train_on_batch` also reads every
+variable out of Keras' state and writes it back around each step, which
+`fit` does once per epoch). Ratios: inference against `official_compile`,
+both training measures against `official` (eager). FLOP utilisation =
+FLOPs per image x images/s / the fp32 matmul peak measured in the same run
+(the best of a 2048^3 `torch.matmul` and a jitted JAX `dot`); FLOPs per
+image = 2 x `count_macs` for inference and 3x that for a training step
+(forward + backward ~ 2x forward).
 
 Needs the official code (a checkout with `models/jumbo.py` and
 `configs.py`, e.g. `../shared/peers/jumbo_official`), `einops` and
@@ -96,6 +100,8 @@ import sys
 import time
 import types
 
+# `training_fit`: Keras contenders only (`_fit_rate`).
+MEASURES = ("inference", "training", "training_fit")
 CONTENDERS = (
     "official",
     "official_compile",
@@ -287,8 +293,35 @@ def _keras(args, contender):
     return {
         "inference": inference,
         "training": training,
+        "training_fit": _fit_rate(model, xt, yt, args),
         "macs": models.count_macs(model),
     }
+
+
+def _fit_rate(model, xt, yt, args):
+    """Images/s of `model.fit` over `--steps` copies of the training
+    batch (one epoch, no shuffling, after a `--warmup`-step epoch).
+
+    `train_on_batch` reads every variable out of Keras' state and writes
+    it back around each step; `fit` keeps the state between the steps of
+    an epoch, as a user's training does. The epoch's setup (its data
+    iterator, callbacks) is inside the time."""
+    import numpy as np
+
+    def epoch(steps):
+        model.fit(
+            np.concatenate([xt] * steps),
+            np.concatenate([yt] * steps),
+            batch_size=args.train_batch,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+        )
+
+    epoch(max(args.warmup, 1))
+    start = time.perf_counter()
+    epoch(args.steps)
+    return args.train_batch * args.steps / (time.perf_counter() - start)
 
 
 def _matmul_peak(args):
@@ -532,15 +565,28 @@ def summarize(results, peak_gflops, macs):
 
     `results[contender][measure]` is the list of per-round images/s.
     Inference ratios are against `official_compile`, training ratios
-    against `official` (eager); a missing reference leaves the ratio None.
+    (`train_on_batch` and `fit`) against `official`'s training (eager); a
+    missing reference leaves the ratio None; a contender without a measure
+    (`training_fit` for the official code and the floors) has no row.
     """
-    reference = {"inference": "official_compile", "training": "official"}
-    flops = {"inference": 2 * (macs or 0), "training": 6 * (macs or 0)}
+    reference = {
+        "inference": ("official_compile", "inference"),
+        "training": ("official", "training"),
+        "training_fit": ("official", "training"),
+    }
+    flops = {
+        "inference": 2 * (macs or 0),
+        "training": 6 * (macs or 0),
+        "training_fit": 6 * (macs or 0),
+    }
     rows = []
-    for measure in ("inference", "training"):
-        base = results.get(reference[measure], {}).get(measure)
+    for measure in MEASURES:
+        contender, of = reference[measure]
+        base = results.get(contender, {}).get(of)
         base = statistics.median(base) if base else None
         for contender, measures in results.items():
+            if not measures.get(measure):
+                continue
             rate = statistics.median(measures[measure])
             rows.append(
                 {
@@ -656,15 +702,16 @@ def main(argv=None):
         for contender in args.contenders:
             result = _run_worker(contender, args, passed)
             macs = result.get("macs", macs)
-            entry = results.setdefault(
-                contender, {"inference": [], "training": []}
-            )
-            entry["inference"].append(result["inference"])
-            entry["training"].append(result["training"])
+            entry = results.setdefault(contender, {})
+            for measure in MEASURES:
+                if measure in result:
+                    entry.setdefault(measure, []).append(result[measure])
+            fit = result.get("training_fit")
             print(
                 f"round {round_index + 1} {contender}: inference "
                 f"{result['inference']:.0f} img/s, training "
-                f"{result['training']:.0f} img/s",
+                f"{result['training']:.0f} img/s"
+                + (f", fit {fit:.0f} img/s" if fit else ""),
                 flush=True,
             )
         for suffix, name in floors.items():

@@ -76,6 +76,12 @@ def linear(x, kernel, bias=None):
     if _torch_tensors(x, kernel, bias) and len(kernel.shape) == 2:
         from torch.nn import functional
 
+        if _onednn_linear_applies(x, kernel, bias):
+            import torch
+
+            return torch.ops.mkldnn._linear_pointwise(
+                x, kernel.T, bias, "none", [], ""
+            )
         return functional.linear(x, kernel.T, bias)
     rank, inner = len(x.shape), tuple(x.shape[1:-1])
     if (
@@ -91,6 +97,72 @@ def linear(x, kernel, bias=None):
     if bias is not None:
         y = y + bias
     return ops.reshape(y, (batch, *inner, kernel.shape[1]))
+
+
+# `linear` on PyTorch: the smallest product (rows x in x out) for which
+# oneDNN's kernel is used where `onednn_preferred()`. Below ~2M
+# multiply-adds its per-call overhead (~13 us against MKL's ~3 us) wins
+# (2 Zen 5 cores: 0.6x at 0.5M, 1.0-1.1x at 2.1-2.4M, 1.3x at 4.7M, 1.7-2.1x
+# from 8M; benchmarks/README.md, "oneDNN's matmul on AMD CPUs").
+ONEDNN_MIN_MACS = 2**22
+_ONEDNN = {}
+
+
+def onednn_preferred():
+    """Whether eager PyTorch inference should run large float32 dense
+    layers on oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`)
+    rather than `F.linear`'s BLAS (MKL in PyTorch's x86 wheels).
+
+    MKL runs its AVX2 kernels on AMD CPUs: on 2 Zen 5 cores (full-width
+    AVX-512) a 2048^3 `torch.matmul` reaches ~210 GFLOP/s where oneDNN, in
+    the same wheel, reaches ~480 (and XLA ~460). True on a Linux x86 AMD
+    CPU ("AuthenticAMD" in /proc/cpuinfo) whose PyTorch has oneDNN and
+    the op; False elsewhere (Intel CPUs, where MKL is Intel's own best,
+    ARM, other systems), which keeps `F.linear`. Decided once per
+    process."""
+    if "preferred" not in _ONEDNN:
+        _ONEDNN["preferred"] = _amd_cpu() and _has_onednn_linear()
+    return _ONEDNN["preferred"]
+
+
+def _amd_cpu():
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("vendor_id"):
+                    return "AuthenticAMD" in line
+    except OSError:
+        pass
+    return False
+
+
+def _has_onednn_linear():
+    import torch
+
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(
+            torch.ops.mkldnn, "_linear_pointwise"
+        )
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _onednn_linear_applies(x, kernel, bias):
+    """oneDNN for this `linear` call: float32 CPU tensors, no gradient
+    needed (the op has no autograd formula), not under `torch.compile`
+    (Inductor picks its own kernels), a product of at least
+    `ONEDNN_MIN_MACS`, and `onednn_preferred()`."""
+    import torch
+
+    tensors = (x, kernel) if bias is None else (x, kernel, bias)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    if x.ndim < 1 or torch.compiler.is_compiling():
+        return False
+    macs = x.numel() * kernel.shape[1]
+    return macs >= ONEDNN_MIN_MACS and onednn_preferred()
 
 
 def reshape(x, shape):

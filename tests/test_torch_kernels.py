@@ -292,3 +292,100 @@ def test_kernels_take_the_torch_path_only_on_torch_tensors(rng, monkeypatch):
             "reshape",
             "layer_normalization",
         ]
+
+
+def _onednn_spy(monkeypatch, preferred=True, min_macs=None):
+    """Force `onednn_preferred()` (and optionally the size threshold) and
+    record the oneDNN calls `linear` makes (PyTorch only)."""
+    calls = []
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", preferred)
+    if min_macs is not None:
+        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", min_macs)
+    if ON_TORCH:
+        import torch
+
+        original = torch.ops.mkldnn._linear_pointwise
+
+        def spy(*args):
+            calls.append(tuple(args[0].shape))
+            return original(*args)
+
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    return calls
+
+
+@pytest.mark.parametrize("shape", [(5, 8), (2, 5, 8), (0, 8)])
+def test_linear_on_onednn_equals_the_formula(rng, monkeypatch, shape):
+    """Where oneDNN is preferred (AMD CPUs), an inference call of at least
+    `ONEDNN_MIN_MACS` runs oneDNN's matmul, with the formula's values;
+    the other backends never reach it."""
+    calls = _onednn_spy(monkeypatch, min_macs=0)
+    x = _tensor(rng, shape, scale=2.0)
+    kernel = _tensor(rng, (8, 6))
+    bias = _tensor(rng, (6,), scale=3.0)
+    expected = np.matmul(
+        ops.convert_to_numpy(x), ops.convert_to_numpy(kernel)
+    ) + ops.convert_to_numpy(bias)
+    if ON_TORCH:
+        import torch
+
+        with torch.no_grad():
+            out = _torch_kernels.linear(x, kernel, bias)
+        assert calls == [shape]
+    else:
+        out = _torch_kernels.linear(x, kernel, bias)
+        assert calls == []
+    assert tuple(out.shape) == shape[:-1] + (6,)
+    assert_allclose(out, expected, atol=1e-5)
+
+
+def test_linear_keeps_f_linear_for_gradients_and_small_products(
+    rng, monkeypatch
+):
+    """oneDNN's op has no autograd formula: a call that needs a gradient
+    keeps `F.linear`, and its gradient is the formula's; so does an
+    inference call below `ONEDNN_MIN_MACS` (and every call where oneDNN is
+    not preferred)."""
+    calls = _onednn_spy(monkeypatch)
+    x_np = rng.normal(size=(4, 8)).astype("float32")
+    k_np = rng.normal(size=(8, 6)).astype("float32")
+    g_np = rng.normal(size=(4, 6)).astype("float32")
+    if ON_TORCH:
+        import torch
+
+        with torch.no_grad():
+            small = _torch_kernels.linear(
+                _tensor(rng, (4, 8)), _tensor(rng, (8, 6))
+            )
+        assert tuple(small.shape) == (4, 6)
+        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", 0)
+        kernel = torch.tensor(k_np, requires_grad=True)
+        out = _torch_kernels.linear(torch.tensor(x_np), kernel)
+        out.backward(torch.tensor(g_np))
+        assert calls == []
+        assert_allclose(out.detach(), x_np @ k_np, atol=1e-5)
+        assert_allclose(kernel.grad, x_np.T @ g_np, atol=1e-5)
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", False)
+        with torch.no_grad():
+            _torch_kernels.linear(torch.tensor(x_np), kernel)
+        assert calls == []
+    else:
+        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", 0)
+        out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np)
+        assert_allclose(out, x_np @ k_np, atol=1e-5)
+        assert calls == []
+
+
+def test_onednn_preferred_only_on_amd_cpus(monkeypatch):
+    """Decided once per process: AMD CPU (MKL runs its AVX2 kernels
+    there) and a PyTorch with oneDNN's linear op."""
+    for amd, expected in ((True, ON_TORCH), (False, False)):
+        monkeypatch.setattr(_torch_kernels, "_ONEDNN", {})
+        monkeypatch.setattr(_torch_kernels, "_amd_cpu", lambda amd=amd: amd)
+        if not ON_TORCH:
+            # No PyTorch kernels to prefer off the PyTorch backend.
+            monkeypatch.setattr(
+                _torch_kernels, "_has_onednn_linear", lambda: False
+            )
+        assert _torch_kernels.onednn_preferred() is expected
+        assert _torch_kernels._ONEDNN == {"preferred": expected}
