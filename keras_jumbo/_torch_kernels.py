@@ -10,7 +10,11 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
 - `linear`: a dense layer is `ops.matmul` and then `+ bias`, two kernels
   and two passes over the output; torch's `F.linear` is one `addmm` that
   starts from the bias. The separate bias adds were 72 of the pico
-  forward's 111 element-wise adds (5.5% of its operator time).
+  forward's 111 element-wise adds (5.5% of its operator time). At
+  inference on an AMD CPU, a large float32 product runs on oneDNN's
+  matmul instead (`onednn_preferred`): MKL, `F.linear`'s BLAS, runs its
+  AVX2 kernels there (eager pico predict on 2 Zen 5 cores: 471 -> 756
+  img/s).
 - `reshape`: `ops.reshape` flattens its `newshape` tuple with torch's
   pytree (to look for symbolic tensors): ~22 us a call against ~1.5 us
   for the reshape itself.
