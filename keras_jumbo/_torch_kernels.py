@@ -10,8 +10,8 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
 - `linear`: a dense layer is `ops.matmul` and then `+ bias`, two kernels
   and two passes over the output; torch's `F.linear` is one `addmm` that
   starts from the bias. The separate bias adds were 72 of the pico
-  forward's 111 element-wise adds (5.5% of its operator time). At
-  inference on an AMD CPU, a large float32 product runs on oneDNN's
+  forward's 111 element-wise adds (5.5% of its operator time). On an
+  AMD CPU, a large float32 product (and its gradients) runs on oneDNN's
   matmul instead (`onednn_preferred`): MKL, `F.linear`'s BLAS, runs its
   AVX2 kernels there (eager pico predict on 2 Zen 5 cores: 471 -> 756
   img/s).
@@ -81,11 +81,7 @@ def linear(x, kernel, bias=None):
         from torch.nn import functional
 
         if _onednn_linear_applies(x, kernel, bias):
-            import torch
-
-            return torch.ops.mkldnn._linear_pointwise(
-                x, kernel.T, bias, "none", [], ""
-            )
+            return _onednn_linear(x, kernel, bias)
         return functional.linear(x, kernel.T, bias)
     rank, inner = len(x.shape), tuple(x.shape[1:-1])
     if (
@@ -107,15 +103,17 @@ def linear(x, kernel, bias=None):
 # oneDNN's kernel is used where `onednn_preferred()`. Below ~2M
 # multiply-adds its per-call overhead (~13 us against MKL's ~3 us) wins
 # (2 Zen 5 cores: 0.6x at 0.5M, 1.0-1.1x at 2.1-2.4M, 1.3x at 4.7M, 1.7-2.1x
-# from 8M; benchmarks/README.md, "oneDNN's matmul on AMD CPUs").
+# from 8M; benchmarks/README.md, "PyTorch: oneDNN's matmul for large
+# dense layers").
 ONEDNN_MIN_MACS = 2**22
 _ONEDNN = {}
 
 
 def onednn_preferred():
-    """Whether eager PyTorch inference should run large float32 dense
-    layers on oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`)
-    rather than `F.linear`'s BLAS (MKL in PyTorch's x86 wheels).
+    """Whether eager PyTorch should run large float32 dense layers
+    (forward and gradients) on oneDNN's matmul
+    (`torch.ops.mkldnn._linear_pointwise`) rather than `F.linear`'s BLAS
+    (MKL in PyTorch's x86 wheels).
 
     MKL runs its AVX2 kernels on AMD CPUs: on 2 Zen 5 cores (full-width
     AVX-512) a 2048^3 `torch.matmul` reaches ~210 GFLOP/s where oneDNN, in
@@ -152,21 +150,79 @@ def _has_onednn_linear():
 
 
 def _onednn_linear_applies(x, kernel, bias):
-    """oneDNN for this `linear` call: float32 CPU tensors, no gradient
-    needed (the op has no autograd formula), not under `torch.compile`
-    (Inductor picks its own kernels), a product of at least
-    `ONEDNN_MIN_MACS`, and `onednn_preferred()`."""
+    """oneDNN for this `linear` call: float32 CPU tensors, not under
+    `torch.compile` (Inductor picks its own kernels), a product of at
+    least `ONEDNN_MIN_MACS`, and `onednn_preferred()`."""
     import torch
 
     tensors = (x, kernel) if bias is None else (x, kernel, bias)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
-    if x.ndim < 1 or torch.compiler.is_compiling():
+    if x.ndim < 2 or torch.compiler.is_compiling():
         return False
     macs = x.numel() * kernel.shape[1]
     return macs >= ONEDNN_MIN_MACS and onednn_preferred()
+
+
+def _onednn_linear(x, kernel, bias):
+    """`x @ kernel + bias` on oneDNN's matmul; where a gradient is needed,
+    through `_onednn_linear_function()`, whose backward runs its two
+    products on oneDNN too."""
+    import torch
+
+    tensors = (x, kernel) if bias is None else (x, kernel, bias)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _onednn_linear_function().apply(x, kernel, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, kernel.T, bias, "none", [], "")
+
+
+def _onednn_linear_function():
+    """A `torch.autograd.Function` for `linear` on oneDNN (its op has no
+    autograd formula): forward `x·kernel + bias`; backward
+    `g·kernelᵀ` (input), `xᵀ·g` over the flattened rows (kernel) and the
+    row sum of `g` (bias), each computed only where needed. Built once,
+    on first use (PyTorch is imported only on its backend)."""
+    if "function" in _ONEDNN:
+        return _ONEDNN["function"]
+    import torch
+
+    def matmul(a, weight):
+        # `a @ weight.T`, oneDNN's convention (`weight` is out x in).
+        return torch.ops.mkldnn._linear_pointwise(
+            a, weight, None, "none", [], ""
+        )
+
+    class OneDNNLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, kernel, bias):
+            ctx.save_for_backward(x, kernel)
+            ctx.has_bias = bias is not None
+            return torch.ops.mkldnn._linear_pointwise(
+                x, kernel.T, bias, "none", [], ""
+            )
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            x, kernel = ctx.saved_tensors
+            # Contiguous rows: an upstream gradient can arrive as a
+            # strided view (the Jumbo FFN's: the first J tokens of each
+            # sequence, rows 70 x 96 floats apart in pico), and oneDNN's
+            # kernel gradient on its transpose took 441 ms instead of
+            # 0.2 ms.
+            rows = grad.reshape(-1, grad.shape[-1]).contiguous()
+            grad_x = grad_kernel = grad_bias = None
+            if ctx.needs_input_grad[0]:
+                grad_x = matmul(rows, kernel).reshape(x.shape)
+            if ctx.needs_input_grad[1]:
+                inputs = x.reshape(-1, x.shape[-1]).contiguous()
+                grad_kernel = matmul(inputs.T, rows.T)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                grad_bias = rows.sum(0)
+            return grad_x, grad_kernel, grad_bias
+
+    _ONEDNN["function"] = OneDNNLinear
+    return OneDNNLinear
 
 
 def reshape(x, shape):

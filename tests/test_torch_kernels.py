@@ -317,8 +317,8 @@ def _onednn_spy(monkeypatch, preferred=True, min_macs=None):
 @pytest.mark.parametrize("shape", [(5, 8), (2, 5, 8), (0, 8)])
 def test_linear_on_onednn_equals_the_formula(rng, monkeypatch, shape):
     """Where oneDNN is preferred (AMD CPUs), an inference call of at least
-    `ONEDNN_MIN_MACS` runs oneDNN's matmul, with the formula's values;
-    the other backends never reach it."""
+    `ONEDNN_MIN_MACS` runs oneDNN's matmul (no autograd function), with
+    the formula's values; the other backends never reach it."""
     calls = _onednn_spy(monkeypatch, min_macs=0)
     x = _tensor(rng, shape, scale=2.0)
     kernel = _tensor(rng, (8, 6))
@@ -339,13 +339,81 @@ def test_linear_on_onednn_equals_the_formula(rng, monkeypatch, shape):
     assert_allclose(out, expected, atol=1e-5)
 
 
-def test_linear_keeps_f_linear_for_gradients_and_small_products(
-    rng, monkeypatch
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_linear_gradient_on_onednn_equals_the_formula(
+    rng, monkeypatch, input_grad
 ):
-    """oneDNN's op has no autograd formula: a call that needs a gradient
-    keeps `F.linear`, and its gradient is the formula's; so does an
-    inference call below `ONEDNN_MIN_MACS` (and every call where oneDNN is
-    not preferred)."""
+    """A training call runs forward and backward on oneDNN (its own
+    autograd function): input, kernel and bias gradients equal the
+    formula's, and a product whose gradient is not needed is skipped."""
+    calls = _onednn_spy(monkeypatch, min_macs=0)
+    x_np = rng.normal(size=(2, 5, 8)).astype("float32")
+    k_np = rng.normal(size=(8, 6)).astype("float32")
+    b_np = rng.normal(size=(6,)).astype("float32")
+    g_np = rng.normal(size=(2, 5, 6)).astype("float32")
+    expected = x_np @ k_np + b_np
+    rows_x, rows_g = x_np.reshape(10, 8), g_np.reshape(10, 6)
+    if not ON_TORCH:
+        out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np, b_np)
+        assert_allclose(out, expected, atol=1e-5)
+        assert calls == []
+        return
+    import torch
+
+    x = torch.tensor(x_np, requires_grad=input_grad)
+    kernel = torch.tensor(k_np, requires_grad=True)
+    bias = torch.tensor(b_np, requires_grad=True)
+    out = _torch_kernels.linear(x, kernel, bias)
+    out.backward(torch.tensor(g_np))
+    assert_allclose(out.detach(), expected, atol=1e-5)
+    assert_allclose(kernel.grad, rows_x.T @ rows_g, atol=1e-5)
+    assert_allclose(bias.grad, rows_g.sum(0), atol=1e-5)
+    if input_grad:
+        assert_allclose(x.grad, g_np @ k_np.T, atol=1e-5)
+    # Forward (2, 5, 8) @ kernel; backward g @ kernelᵀ (10 rows) where the
+    # input needs it, and xᵀ @ g (8 rows of 10) for the kernel.
+    assert calls == [(2, 5, 8)] + [(10, 6)] * input_grad + [(8, 10)]
+
+
+def test_linear_on_onednn_with_strided_views(rng, monkeypatch):
+    """The Jumbo FFN's case: the input is the first tokens of each
+    sequence (a strided view) and its output is concatenated back, so
+    the upstream gradient arrives as a strided view too; values and
+    gradients equal the formula's."""
+    calls = _onednn_spy(monkeypatch, min_macs=0)
+    t_np = rng.normal(size=(3, 5, 8)).astype("float32")
+    k_np = rng.normal(size=(8, 8)).astype("float32")
+    g_np = rng.normal(size=(3, 5, 8)).astype("float32")
+    # Token 0 through the layer, tokens 1-4 as they are.
+    expected = np.concatenate([t_np[:, :1] @ k_np, t_np[:, 1:]], axis=1)
+    grad_t = g_np.copy()
+    grad_t[:, :1] = g_np[:, :1] @ k_np.T
+    grad_k = t_np[:, 0].T @ g_np[:, 0]
+    if not ON_TORCH:
+        tokens = ops.convert_to_tensor(t_np)
+        out = ops.concatenate(
+            [_torch_kernels.linear(tokens[:, :1], k_np), tokens[:, 1:]], 1
+        )
+        assert_allclose(out, expected, atol=1e-5)
+        assert calls == []
+        return
+    import torch
+
+    tokens = torch.tensor(t_np, requires_grad=True)
+    kernel = torch.tensor(k_np, requires_grad=True)
+    out = torch.cat(
+        [_torch_kernels.linear(tokens[:, :1], kernel), tokens[:, 1:]], 1
+    )
+    out.backward(torch.tensor(g_np))
+    assert len(calls) == 3
+    assert_allclose(out.detach(), expected, atol=1e-5)
+    assert_allclose(tokens.grad, grad_t, atol=1e-5)
+    assert_allclose(kernel.grad, grad_k, atol=1e-5)
+
+
+def test_linear_keeps_f_linear_below_the_threshold(rng, monkeypatch):
+    """A product below `ONEDNN_MIN_MACS`, and every product where oneDNN
+    is not preferred, runs `F.linear` (forward and gradient)."""
     calls = _onednn_spy(monkeypatch)
     x_np = rng.normal(size=(4, 8)).astype("float32")
     k_np = rng.normal(size=(8, 6)).astype("float32")
@@ -353,27 +421,21 @@ def test_linear_keeps_f_linear_for_gradients_and_small_products(
     if ON_TORCH:
         import torch
 
-        with torch.no_grad():
-            small = _torch_kernels.linear(
-                _tensor(rng, (4, 8)), _tensor(rng, (8, 6))
-            )
-        assert tuple(small.shape) == (4, 6)
-        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", 0)
         kernel = torch.tensor(k_np, requires_grad=True)
         out = _torch_kernels.linear(torch.tensor(x_np), kernel)
         out.backward(torch.tensor(g_np))
-        assert calls == []
         assert_allclose(out.detach(), x_np @ k_np, atol=1e-5)
         assert_allclose(kernel.grad, x_np.T @ g_np, atol=1e-5)
+        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", 0)
         monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", False)
         with torch.no_grad():
-            _torch_kernels.linear(torch.tensor(x_np), kernel)
-        assert calls == []
+            out = _torch_kernels.linear(torch.tensor(x_np), kernel)
+        assert_allclose(out, x_np @ k_np, atol=1e-5)
     else:
         monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", 0)
         out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np)
         assert_allclose(out, x_np @ k_np, atol=1e-5)
-        assert calls == []
+    assert calls == []
 
 
 def test_onednn_preferred_only_on_amd_cpus(monkeypatch):
