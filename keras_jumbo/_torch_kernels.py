@@ -119,9 +119,9 @@ def onednn_preferred():
     AVX-512) a 2048^3 `torch.matmul` reaches ~210 GFLOP/s where oneDNN, in
     the same wheel, reaches ~480 (and XLA ~460). True on a Linux x86 AMD
     CPU ("AuthenticAMD" in /proc/cpuinfo) whose PyTorch has oneDNN and
-    the op; False elsewhere (Intel CPUs, where MKL is Intel's own best,
-    ARM, other systems), which keeps `F.linear`. Decided once per
-    process."""
+    the op; False elsewhere (Intel CPUs, where MKL runs its AVX-512
+    kernels; ARM; other systems), which keeps `F.linear`. Decided once
+    per process."""
     if "preferred" not in _ONEDNN:
         _ONEDNN["preferred"] = _amd_cpu() and _has_onednn_linear()
     return _ONEDNN["preferred"]
