@@ -581,8 +581,8 @@ def summarize(results, peak_gflops, macs):
     }
     rows = []
     for measure in MEASURES:
-        contender, of = reference[measure]
-        base = results.get(contender, {}).get(of)
+        base_contender, base_measure = reference[measure]
+        base = results.get(base_contender, {}).get(base_measure)
         base = statistics.median(base) if base else None
         for contender, measures in results.items():
             if not measures.get(measure):

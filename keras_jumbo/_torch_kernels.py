@@ -80,8 +80,9 @@ def linear(x, kernel, bias=None):
     if _torch_tensors(x, kernel, bias) and len(kernel.shape) == 2:
         from torch.nn import functional
 
-        if _onednn_linear_applies(x, kernel, bias):
-            return _onednn_linear(x, kernel, bias)
+        tensors = (x, kernel) if bias is None else (x, kernel, bias)
+        if _onednn_linear_applies(x, kernel, tensors):
+            return _onednn_linear(x, kernel, bias, tensors)
         return functional.linear(x, kernel.T, bias)
     rank, inner = len(x.shape), tuple(x.shape[1:-1])
     if (
@@ -149,13 +150,13 @@ def _has_onednn_linear():
         return False
 
 
-def _onednn_linear_applies(x, kernel, bias):
-    """oneDNN for this `linear` call: float32 CPU tensors, not under
-    `torch.compile` (Inductor picks its own kernels), a product of at
-    least `ONEDNN_MIN_MACS`, and `onednn_preferred()`."""
+def _onednn_linear_applies(x, kernel, tensors):
+    """oneDNN for this `linear` call (`tensors`: its non-None arguments):
+    float32 CPU tensors, not under `torch.compile` (Inductor picks its own
+    kernels), a product of at least `ONEDNN_MIN_MACS`, and
+    `onednn_preferred()`."""
     import torch
 
-    tensors = (x, kernel) if bias is None else (x, kernel, bias)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return False
     if x.ndim < 2 or torch.compiler.is_compiling():
@@ -164,16 +165,23 @@ def _onednn_linear_applies(x, kernel, bias):
     return macs >= ONEDNN_MIN_MACS and onednn_preferred()
 
 
-def _onednn_linear(x, kernel, bias):
+def _onednn_matmul(a, weight, bias=None):
+    """`a @ weight.T + bias` on oneDNN (its convention: `weight` is
+    out x in)."""
+    import torch
+
+    return torch.ops.mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
+
+
+def _onednn_linear(x, kernel, bias, tensors):
     """`x @ kernel + bias` on oneDNN's matmul; where a gradient is needed,
     through `_onednn_linear_function()`, whose backward runs its two
     products on oneDNN too."""
     import torch
 
-    tensors = (x, kernel) if bias is None else (x, kernel, bias)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return _onednn_linear_function().apply(x, kernel, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, kernel.T, bias, "none", [], "")
+    return _onednn_matmul(x, kernel.T, bias)
 
 
 def _onednn_linear_function():
@@ -186,20 +194,12 @@ def _onednn_linear_function():
         return _ONEDNN["function"]
     import torch
 
-    def matmul(a, weight):
-        # `a @ weight.T`, oneDNN's convention (`weight` is out x in).
-        return torch.ops.mkldnn._linear_pointwise(
-            a, weight, None, "none", [], ""
-        )
-
     class OneDNNLinear(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, kernel, bias):
             ctx.save_for_backward(x, kernel)
             ctx.has_bias = bias is not None
-            return torch.ops.mkldnn._linear_pointwise(
-                x, kernel.T, bias, "none", [], ""
-            )
+            return _onednn_matmul(x, kernel.T, bias)
 
         @staticmethod
         @torch.autograd.function.once_differentiable
@@ -213,10 +213,10 @@ def _onednn_linear_function():
             rows = grad.reshape(-1, grad.shape[-1]).contiguous()
             grad_x = grad_kernel = grad_bias = None
             if ctx.needs_input_grad[0]:
-                grad_x = matmul(rows, kernel).reshape(x.shape)
+                grad_x = _onednn_matmul(rows, kernel).reshape(x.shape)
             if ctx.needs_input_grad[1]:
                 inputs = x.reshape(-1, x.shape[-1]).contiguous()
-                grad_kernel = matmul(inputs.T, rows.T)
+                grad_kernel = _onednn_matmul(inputs.T, rows.T)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 grad_bias = rows.sum(0)
             return grad_x, grad_kernel, grad_bias
