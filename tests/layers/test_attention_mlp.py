@@ -196,6 +196,60 @@ def test_fused_attention_only_for_a_plain_call_on_torch():
     assert not wide_keys._fused_backend(None)
 
 
+@pytest.mark.parametrize("key_dim", [None, 6])
+@pytest.mark.parametrize("mode", [None, "int8", "lora"])
+def test_per_head_call_equals_the_einsum_form(rng, mode, key_dim):
+    # JAX's plain inference call (one q/k/v matmul, attention head by head
+    # on column slices of it), run here on every backend, against the
+    # written-out attention and against the einsum form `call` uses with a
+    # head mask of ones; key_dim=6 != head_dim=4 (a reparameterised
+    # Non-Deep ViT's wider queries and keys).
+    layer = MultiHeadSelfAttention(num_heads=3, key_dim=key_dim)
+    x = rng.normal(size=(2, 7, 12)).astype("float32")
+    layer(x)
+    randomize_weights(layer)
+    linear = None
+    if mode == "lora":
+        for projection in (layer.qkv, layer.proj):
+            projection.enable_lora(2)
+            projection.lora_kernel_b.assign(
+                rng.normal(size=projection.lora_kernel_b.shape) * 0.3
+            )
+        linear = reference.layer_call
+    elif mode == "int8":
+        layer.qkv.quantize(mode)
+        layer.proj.quantize(mode)
+        linear = reference.layer_call
+    kwargs = {"linear": linear} if linear else {}
+    expected = reference.attention(x, layer, **kwargs)
+    assert_allclose(layer._per_head_call(x), expected, atol=1e-5, rtol=1e-5)
+    ones = np.ones((2, 1, 12), "float32")
+    assert_allclose(
+        layer._per_head_call(x),
+        layer(x, head_mask=ones),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    # `call` at inference routes there on JAX: the same values.
+    assert_allclose(layer(x, training=False), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_per_head_call_only_for_plain_inference_on_jax():
+    layer = MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=0.1)
+    layer.build((1, 4, 8))
+    on_jax = keras.backend.backend() == "jax"
+    assert layer._uses_per_head_call(None, None, None, False) == on_jax
+    assert layer._uses_per_head_call(False, None, None, False) == on_jax
+    # Training keeps the einsum form (its gradient is faster), and so do a
+    # head mask and residual or returned scores.
+    assert not layer._uses_per_head_call(True, None, None, False)
+    assert not layer._uses_per_head_call(None, np.ones((1, 1, 8)), None, False)
+    assert not layer._uses_per_head_call(
+        None, None, np.zeros((1, 2, 4, 4)), False
+    )
+    assert not layer._uses_per_head_call(None, None, None, True)
+
+
 def test_attention_dropout_only_in_training(rng):
     layer = MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=0.5)
     x = rng.normal(size=(2, 5, 8)).astype("float32")
