@@ -7,7 +7,9 @@ dominated. Prints ms per call and ratios for
 - one 12-head attention layer: q/k/v sliced from the fused projection and
   `jax.nn.dot_product_attention` (what `keras.ops.dot_product_attention`
   runs), the same with einsums on (batch, length, heads, dim), the
-  heads-first einsums the library uses now, and the library layer itself;
+  heads-first einsums the library trains with, each head on column
+  slices of one q/k/v matmul (what the library runs at inference on JAX),
+  and the library layer itself in both modes;
 - two-branch joined attention (Non-Deep ViT): 5-D einsums over (branch,
   head) with the join applied to the score tensors, the branch-by-branch
   form with the joined scores as one matmul of λ-weighted queries with all
@@ -38,11 +40,18 @@ def timed(fn, *args, repeats=10):
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def layer_fn(layer, x):
+def layer_fn(layer, x, training=False):
+    """The layer's forward pass, jitted; `training=True` is the form a
+    training step differentiates (the einsums), `False` the inference
+    form (head by head on JAX)."""
     layer(x)
     trainable = [v.value for v in layer.trainable_variables]
     other = [v.value for v in layer.non_trainable_variables]
-    return jax.jit(lambda v: layer.stateless_call(trainable, other, v)[0])
+
+    def forward(v):
+        return layer.stateless_call(trainable, other, v, training=training)[0]
+
+    return jax.jit(forward)
 
 
 def main(argv=None):
@@ -88,15 +97,32 @@ def main(argv=None):
         heads = jnp.einsum("bhqs,bhsk->bhqk", p, v)
         return jnp.einsum("bhqk,hkd->bqd", heads, w_out.reshape(h, k, d))
 
+    @jax.jit
+    def per_head(x):
+        qkv = x @ w_qkv
+        heads = []
+        for i in range(h):
+            q, key, v = (
+                qkv[..., j * d + i * k : j * d + (i + 1) * k] for j in (0, 1, 2)
+            )
+            p = jax.nn.softmax(jnp.einsum("bqc,bsc->bqs", q / np.sqrt(k), key))
+            heads.append(jnp.einsum("bqs,bsc->bqc", p, v))
+        return jnp.concatenate(heads, -1) @ w_out
+
     one = {
         "sliced + dot_product_attention": timed(sliced_dpa, x),
         "sliced + einsums": timed(sliced_einsum, x),
         "heads-first einsums": timed(heads_first, x),
-        "MultiHeadSelfAttention (library)": timed(
+        "head by head on column slices": timed(per_head, x),
+        "MultiHeadSelfAttention (library, inference)": timed(
             layer_fn(MultiHeadSelfAttention(h), x), x
+        ),
+        "MultiHeadSelfAttention (library, training)": timed(
+            layer_fn(MultiHeadSelfAttention(h), x, training=True), x
         ),
     }
     assert np.allclose(sliced_dpa(x), heads_first(x), atol=1e-4)
+    assert np.allclose(per_head(x), heads_first(x), atol=1e-4)
 
     n = 2
     w = [
