@@ -28,12 +28,12 @@ FUSED_ATTENTION_BACKENDS = ("torch",)
 
 # Backends on which a plain attention call at inference (not training; no
 # head mask, residual or returned scores) runs head by head on column
-# slices of one q/k/v matmul (`MultiHeadSelfAttention._per_head_call`):
-# on JAX 14-28% less time than the heads-first einsums for one layer's
-# forward pass at ViT and PatchTST shapes, and 5-7% for the pico Jumbo
-# model's predict step (2-core CPU; benchmarks/README.md). Its gradient
-# is 1.4-4.2x slower (slices of one tensor), so training keeps the einsums;
-# TensorFlow ran it no faster.
+# slices of one q/k/v matmul (`MultiHeadSelfAttention._per_head_call`). On
+# JAX, one layer's forward pass takes up to 28% less time than with the
+# heads-first einsums at ViT and PatchTST shapes (5% more at 12 heads of
+# width 16), and the pico Jumbo model's predict step 5-7% less (2-core
+# CPU; benchmarks/README.md). Its gradient is 1.4-4.2x slower (slices of
+# one tensor), so training keeps the einsums. TensorFlow ran it no faster.
 PER_HEAD_INFERENCE_BACKENDS = ("jax",)
 
 
@@ -69,9 +69,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     `key_dim != head_dim` keeps the einsum form there. On JAX, a plain call
     at inference (not training; no head mask, residual or returned
     scores) runs head by head on column slices of one q/k/v matmul
-    (`_per_head_call`): the same function (tested), 14-28% less time than
-    the einsums for one layer's forward pass, but with a slower gradient,
-    so training keeps the einsums.
+    (`_per_head_call`): the same function (tested), up to 28% less time
+    than the einsums for one layer's forward pass, but with a slower
+    gradient, so training keeps the einsums.
 
     Args:
         num_heads: int, number of heads.
