@@ -107,30 +107,37 @@ def test_quantized_or_lora_projections_use_their_own_call(rng, mode, key_dim):
         assert 0 < changed < 0.1  # quantisation error, not garbage
 
 
-@pytest.mark.parametrize("mode", [None, "int8", "lora"])
-def test_fused_attention_call_equals_the_einsum_form(rng, mode):
-    # The PyTorch backend's plain call (one q/k/v matmul and
-    # `ops.dot_product_attention`), run here on every backend, against the
-    # written-out attention and against the einsum form `call` uses with a
-    # head mask of ones.
-    layer = MultiHeadSelfAttention(num_heads=3)
+def _attention_in_mode(rng, mode, key_dim=None):
+    """A 3-head attention on width 12 with randomised weights, its
+    projections LoRA-enabled (`"lora"`, random adapters) or quantised
+    (`"int8"`) or plain (None); an input `(2, 7, 12)`; and the written-out
+    attention of that input through the projections' own calls."""
+    layer = MultiHeadSelfAttention(num_heads=3, key_dim=key_dim)
     x = rng.normal(size=(2, 7, 12)).astype("float32")
     layer(x)
     randomize_weights(layer)
-    linear = None
+    kwargs = {}
     if mode == "lora":
         for projection in (layer.qkv, layer.proj):
             projection.enable_lora(2)
             projection.lora_kernel_b.assign(
                 rng.normal(size=projection.lora_kernel_b.shape) * 0.3
             )
-        linear = reference.layer_call
+        kwargs = {"linear": reference.layer_call}
     elif mode == "int8":
         layer.qkv.quantize(mode)
         layer.proj.quantize(mode)
-        linear = reference.layer_call
-    kwargs = {"linear": linear} if linear else {}
-    expected = reference.attention(x, layer, **kwargs)
+        kwargs = {"linear": reference.layer_call}
+    return layer, x, reference.attention(x, layer, **kwargs)
+
+
+@pytest.mark.parametrize("mode", [None, "int8", "lora"])
+def test_fused_attention_call_equals_the_einsum_form(rng, mode):
+    # The PyTorch backend's plain call (one q/k/v matmul and
+    # `ops.dot_product_attention`), run here on every backend, against the
+    # written-out attention and against the einsum form `call` uses with a
+    # head mask of ones.
+    layer, x, expected = _attention_in_mode(rng, mode)
     assert_allclose(layer._fused_call(x), expected, atol=1e-5, rtol=1e-5)
     ones = np.ones((2, 1, 12), "float32")
     assert_allclose(
@@ -145,19 +152,7 @@ def test_fused_scores_call_equals_the_einsum_form(rng, mode):
     backend, against the einsum form `call` uses with a head mask of
     ones: the same output and the same scores, with and without residual
     scores."""
-    layer = MultiHeadSelfAttention(num_heads=3)
-    x = rng.normal(size=(2, 7, 12)).astype("float32")
-    layer(x)
-    randomize_weights(layer)
-    if mode == "lora":
-        for projection in (layer.qkv, layer.proj):
-            projection.enable_lora(2)
-            projection.lora_kernel_b.assign(
-                rng.normal(size=projection.lora_kernel_b.shape) * 0.3
-            )
-    elif mode == "int8":
-        layer.qkv.quantize(mode)
-        layer.proj.quantize(mode)
+    layer, x, _ = _attention_in_mode(rng, mode)
     ones = np.ones((2, 1, 12), "float32")
     previous = rng.normal(size=(2, 3, 7, 7)).astype("float32")
     for residual in (None, previous):
@@ -204,24 +199,7 @@ def test_per_head_call_equals_the_einsum_form(rng, mode, key_dim):
     # written-out attention and against the einsum form `call` uses with a
     # head mask of ones; key_dim=6 != head_dim=4 (a reparameterised
     # Non-Deep ViT's wider queries and keys).
-    layer = MultiHeadSelfAttention(num_heads=3, key_dim=key_dim)
-    x = rng.normal(size=(2, 7, 12)).astype("float32")
-    layer(x)
-    randomize_weights(layer)
-    linear = None
-    if mode == "lora":
-        for projection in (layer.qkv, layer.proj):
-            projection.enable_lora(2)
-            projection.lora_kernel_b.assign(
-                rng.normal(size=projection.lora_kernel_b.shape) * 0.3
-            )
-        linear = reference.layer_call
-    elif mode == "int8":
-        layer.qkv.quantize(mode)
-        layer.proj.quantize(mode)
-        linear = reference.layer_call
-    kwargs = {"linear": linear} if linear else {}
-    expected = reference.attention(x, layer, **kwargs)
+    layer, x, expected = _attention_in_mode(rng, mode, key_dim)
     assert_allclose(layer._per_head_call(x), expected, atol=1e-5, rtol=1e-5)
     ones = np.ones((2, 1, 12), "float32")
     assert_allclose(
