@@ -314,15 +314,17 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         `(batch, length, width)`, the heads concatenated and one output
         matmul. The same function as the einsum form (tested)."""
         y = dense(self.qkv, x)
-        heads, key_dim, head_dim = self.num_heads, self.key_dim, self.head_dim
+        heads, key_dim = self.num_heads, self.key_dim
+        # The kernel's columns: [q (heads, key_dim) | k | v (heads, head_dim)].
+        widths = (key_dim, key_dim, self.head_dim)
+        starts = (0, heads * key_dim, 2 * heads * key_dim)
         scale = 1.0 / math.sqrt(key_dim)
         outputs = []
         for head in range(heads):
-            q = y[..., head * key_dim : (head + 1) * key_dim]
-            start = (heads + head) * key_dim
-            k = y[..., start : start + key_dim]
-            start = 2 * heads * key_dim + head * head_dim
-            v = y[..., start : start + head_dim]
+            q, k, v = (
+                y[..., start + head * width : start + (head + 1) * width]
+                for start, width in zip(starts, widths, strict=True)
+            )
             scores = ops.einsum("bqc,bsc->bqs", q * scale, k)
             probs = softmax(scores, axis=-1)
             outputs.append(ops.einsum("bqs,bsc->bqc", probs, v))
