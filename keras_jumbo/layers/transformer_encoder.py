@@ -1,10 +1,25 @@
 import keras
+from keras import ops
 
 from keras_jumbo._keras_internals import call_sublayer
 from keras_jumbo.layers.jumbo_block import JumboBlock
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.patchtst_encoder_block import PatchTSTEncoderBlock
 from keras_jumbo.layers.vit_block import ViTBlock
+
+# Backends on which the encoder, at inference, runs its blocks on
+# `INFERENCE_MICRO_BATCHES` slices of the batch, each slice through every
+# block, and concatenates the results (`TransformerEncoder.call`). XLA's CPU
+# runtime runs the attention's batched products, LayerNorms and slices on
+# one thread each; two independent chains of blocks let one chain's
+# single-threaded work overlap the other's two-threaded products. The
+# numbers are those of one chain (blocks are per sample). Only when every
+# slice holds at least `MIN_MICRO_BATCH_TOKENS` tokens (batch x length):
+# smaller slices made the predict step slower (2-core CPU;
+# benchmarks/README.md).
+MICRO_BATCH_INFERENCE_BACKENDS = ("jax",)
+INFERENCE_MICRO_BATCHES = 2
+MIN_MICRO_BATCH_TOKENS = 2048
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -19,6 +34,13 @@ class TransformerEncoder(keras.layers.Layer):
     "layer share") and still save and reload as one set of weights, and
     carries each `PatchTSTEncoderBlock`'s attention scores to the next
     (residual attention).
+
+    On JAX, a call at inference on at least `2 * MIN_MICRO_BATCH_TOKENS`
+    tokens (batch x length, 4096: pico at batch 64) runs the blocks on two
+    halves of the batch, each half through every block, and concatenates
+    them: the same numbers (blocks are per sample; tested), and two
+    independent chains that XLA's CPU runtime overlaps (the attention's
+    batched products run on one thread).
 
     Args:
         blocks: a non-empty list of `ViTBlock` (or subclass) /
@@ -99,6 +121,34 @@ class TransformerEncoder(keras.layers.Layer):
             self.shared_jumbo_mlp.build((input_shape[0], jumbo_dim))
 
     def call(self, inputs, training=None):
+        chunks = self._micro_batches(inputs.shape, training)
+        if chunks == 1:
+            return self._run_blocks(inputs, training)
+        batch = inputs.shape[0]
+        size = -(-batch // chunks)
+        return ops.concatenate(
+            [
+                self._run_blocks(inputs[start : start + size], training)
+                for start in range(0, batch, size)
+            ],
+            axis=0,
+        )
+
+    def _micro_batches(self, input_shape, training):
+        """How many slices of the batch run as separate chains (1: the
+        whole batch at once)."""
+        batch, length = input_shape[0], input_shape[1]
+        if (
+            training
+            or batch is None
+            or length is None
+            or keras.backend.backend() not in MICRO_BATCH_INFERENCE_BACKENDS
+        ):
+            return 1
+        fitting = batch * length // MIN_MICRO_BATCH_TOKENS
+        return max(1, min(INFERENCE_MICRO_BATCHES, fitting, batch))
+
+    def _run_blocks(self, inputs, training):
         x, scores = inputs, None
         for block in self.blocks:
             if isinstance(block, PatchTSTEncoderBlock):

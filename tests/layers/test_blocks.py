@@ -10,6 +10,7 @@ from keras_jumbo.layers import JumboBlock
 from keras_jumbo.layers import PatchTSTEncoderBlock
 from keras_jumbo.layers import TransformerEncoder
 from keras_jumbo.layers import ViTBlock
+from keras_jumbo.layers import transformer_encoder
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
@@ -244,6 +245,54 @@ def test_encoder_of_plain_blocks_is_the_blocks_in_order(rng):
         expected = reference_plain_block(expected, block)
     assert_allclose(encoder(x), expected, atol=1e-4)
     assert encoder.depth == 3
+
+
+def _micro_batching_here(monkeypatch, min_tokens):
+    """Micro-batching on this backend, from `min_tokens` tokens a slice."""
+    monkeypatch.setattr(
+        transformer_encoder,
+        "MICRO_BATCH_INFERENCE_BACKENDS",
+        (keras.backend.backend(),),
+    )
+    monkeypatch.setattr(
+        transformer_encoder, "MIN_MICRO_BATCH_TOKENS", min_tokens
+    )
+
+
+@pytest.mark.parametrize("kind", ["jumbo", "patchtst"])
+def test_encoder_micro_batches_are_the_whole_batch(rng, monkeypatch, kind):
+    # Every backend: the slices (3 + 2 of a batch of 5) through the blocks,
+    # concatenated, are the whole batch through the blocks; PatchTST's
+    # residual scores are carried within each slice.
+    _micro_batching_here(monkeypatch, min_tokens=6)
+    if kind == "jumbo":
+        encoder = shared_lora_encoder()
+    else:
+        encoder = TransformerEncoder(
+            [PatchTSTEncoderBlock(2, 16, name=f"block_{i}") for i in range(2)]
+        )
+    x = rng.normal(size=(5, 6, 8)).astype("float32")
+    encoder(x)
+    randomize_weights(encoder)
+    assert encoder._micro_batches(x.shape, training=False) == 2
+    whole = encoder._run_blocks(x, training=False)
+    assert_allclose(encoder(x, training=False), whole, atol=1e-5)
+    assert_allclose(encoder(x), whole, atol=1e-5)
+
+
+def test_encoder_micro_batches_only_for_large_inference_on_jax(monkeypatch):
+    encoder = TransformerEncoder([ViTBlock(2, 16)])
+    on = keras.backend.backend() in (
+        transformer_encoder.MICRO_BATCH_INFERENCE_BACKENDS
+    )
+    # 64 x 70 tokens: two slices of 2240 >= 2048 (pico, batch 64).
+    assert encoder._micro_batches((64, 70, 96), False) == (2 if on else 1)
+    assert encoder._micro_batches((64, 70, 96), True) == 1
+    assert encoder._micro_batches((32, 70, 96), False) == 1
+    assert encoder._micro_batches((None, 70, 96), False) == 1
+    _micro_batching_here(monkeypatch, min_tokens=1)
+    assert encoder._micro_batches((1, 70, 96), False) == 1
+    assert encoder._micro_batches((3, 70, 96), None) == 2
 
 
 def test_drop_path_changes_training_output_only(rng):

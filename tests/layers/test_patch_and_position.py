@@ -4,6 +4,7 @@ import pytest
 
 from keras_jumbo.layers import PatchEmbedding
 from keras_jumbo.layers import PositionEmbedding
+from keras_jumbo.layers import patch_embedding
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
@@ -31,6 +32,44 @@ def test_patch_embedding_is_flatten_then_dense(rng):
             patch = x[:, 2 * i : 2 * i + 2, 3 * j : 3 * j + 3, :]
             expected = patch.reshape(2, -1) @ kernel + bias
             np.testing.assert_allclose(y[:, i, j], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "data_format, shape, patch_size",
+    [
+        ("channels_last", (3, 8, 12, 3), (2, 3)),
+        ("channels_first", (2, 5, 8, 8), 4),
+        ("channels_last", (2, 6, 6, 1), 3),
+    ],
+)
+def test_patch_embedding_matmul_is_the_convolution(
+    rng, data_format, shape, patch_size
+):
+    # Every backend: the inference matmul (JAX's path) against the
+    # convolution, with a random kernel and bias.
+    layer = PatchEmbedding(5, patch_size, data_format=data_format)
+    x = rng.normal(size=shape).astype("float32")
+    layer(x)
+    randomize_weights(layer)
+    nhwc = (
+        x if data_format == "channels_last" else np.transpose(x, (0, 2, 3, 1))
+    )
+    convolution = layer.projection(nhwc)
+    assert_allclose(layer._matmul_projection(nhwc), convolution, atol=1e-5)
+    assert_allclose(layer(x, training=False), convolution, atol=1e-5)
+    assert_allclose(layer(x, training=True), convolution, atol=1e-5)
+
+
+def test_patch_embedding_matmul_only_for_plain_inference_on_jax():
+    layer = PatchEmbedding(4, 2)
+    layer.build((1, 4, 4, 3))
+    on = keras.backend.backend() in patch_embedding.MATMUL_INFERENCE_BACKENDS
+    assert layer._uses_matmul((1, 4, 4, 3), training=False) == on
+    assert layer._uses_matmul((1, 4, 4, 3), training=None) == on
+    assert not layer._uses_matmul((1, 4, 4, 3), training=True)
+    assert not layer._uses_matmul((1, None, None, 3), training=False)
+    layer.projection.enable_lora(2)
+    assert not layer._uses_matmul((1, 4, 4, 3), training=False)
 
 
 def test_patch_embedding_channels_first_matches_channels_last(rng):

@@ -1,0 +1,144 @@
+"""The JAX inference paths, each on and off, in one process (ratios).
+
+On JAX, three layers take another form at inference (issue #15):
+
+- `head`: `MultiHeadSelfAttention` head by head on column slices of one
+  q/k/v matmul (`attention.PER_HEAD_INFERENCE_BACKENDS`);
+- `patch`: `PatchEmbedding` as one matmul over the gathered patches
+  instead of the stride-P convolution
+  (`patch_embedding.MATMUL_INFERENCE_BACKENDS`);
+- `halves`: `TransformerEncoder` running its blocks on two halves of a
+  large batch (`transformer_encoder.MICRO_BATCH_INFERENCE_BACKENDS`).
+
+For each model, one instance per setting (same random weights) is
+compiled with that setting; then their `predict_on_batch` steps are timed
+in interleaved rounds (the median of 5 steps per round, the median over
+rounds), so slow phases of the machine hit every setting alike. Prints ms
+per step, each setting's speed-up over all paths off, and the largest
+output difference from it.
+
+    KERAS_BACKEND=jax python benchmarks/jax_inference_paths.py \\
+        official_jumbo_pico:64:128 vit_tiny:32:224 patchtst_forecaster:32
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import throughput  # noqa: E402
+
+from keras_jumbo import convert  # noqa: E402
+from keras_jumbo import models  # noqa: E402
+from keras_jumbo.layers import attention  # noqa: E402
+from keras_jumbo.layers import patch_embedding  # noqa: E402
+from keras_jumbo.layers import transformer_encoder  # noqa: E402
+
+PATHS = {
+    "head": (attention, "PER_HEAD_INFERENCE_BACKENDS"),
+    "patch": (patch_embedding, "MATMUL_INFERENCE_BACKENDS"),
+    "halves": (transformer_encoder, "MICRO_BATCH_INFERENCE_BACKENDS"),
+}
+SETTINGS = {
+    "none": (),
+    "head": ("head",),
+    "head+patch": ("head", "patch"),
+    "head+halves": ("head", "halves"),
+    "all": ("head", "patch", "halves"),
+}
+
+
+def build(name, image_size):
+    if name == "official_jumbo_pico":
+        return convert.official_jumbo_model(
+            "pico", image_size=image_size, num_classes=1000
+        )
+    if name in throughput.TIME_SERIES:
+        return models.create_model(name)
+    return throughput._build(name, image_size, 1000)
+
+
+def set_paths(on):
+    for path, (module, constant) in PATHS.items():
+        setattr(module, constant, ("jax",) if path in on else ())
+
+
+def compare(name, batch, image_size, rounds, settings):
+    rng = np.random.default_rng(0)
+    instances, weights = {}, None
+    for setting in settings:
+        model = build(name, image_size)
+        if weights is None:
+            # Random weights, norm scales around 1: no identity-like layer.
+            weights = [
+                rng.normal(size=w.shape).astype("float32") * 0.05
+                + (1.0 if "gamma" in w.path else 0.0)
+                for w in model.weights
+            ]
+        for variable, value in zip(model.weights, weights, strict=True):
+            variable.assign(value)
+        instances[setting] = model
+    x, _, _ = throughput._inputs(instances[settings[0]], batch, rng)
+    outputs = {}
+    for setting, model in instances.items():
+        # The first call compiles the predict step with these paths.
+        set_paths(SETTINGS[setting])
+        outputs[setting] = np.asarray(model.predict_on_batch(x))
+    set_paths(("head", "patch", "halves"))
+    times = {setting: [] for setting in settings}
+    for round_index in range(rounds):
+        order = settings if round_index % 2 == 0 else settings[::-1]
+        for setting in order:
+            steps = []
+            for _ in range(5):
+                start = time.perf_counter()
+                instances[setting].predict_on_batch(x)
+                steps.append(time.perf_counter() - start)
+            times[setting].append(statistics.median(steps) * 1e3)
+    base = statistics.median(times[settings[0]])
+    cells = []
+    for setting in settings:
+        ms = statistics.median(times[setting])
+        diff = np.nanmax(np.abs(outputs[setting] - outputs[settings[0]]))
+        cells.append(f"{setting} {ms:.1f} ms x{base / ms:.3f} (d {diff:.0e})")
+    print(f"{name}, batch {batch}, {image_size} px: " + "; ".join(cells))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "models",
+        nargs="+",
+        help="name:batch[:image_size]; official_jumbo_pico is the official "
+        "architecture (vs_official.py's model)",
+    )
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=list(SETTINGS),
+        choices=list(SETTINGS),
+        help="the first is the baseline of the ratios",
+    )
+    args = parser.parse_args(argv)
+    if keras.backend.backend() != "jax":
+        raise SystemExit("These paths are JAX's: KERAS_BACKEND=jax.")
+    for spec in args.models:
+        name, batch, *size = spec.split(":")
+        compare(
+            name,
+            int(batch),
+            int(size[0]) if size else 224,
+            args.rounds,
+            args.settings,
+        )
+
+
+if __name__ == "__main__":
+    main()
