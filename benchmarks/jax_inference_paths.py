@@ -75,12 +75,16 @@ def compare(name, batch, image_size, rounds, settings):
     for setting in settings:
         model = build(name, image_size)
         if weights is None:
-            # Random weights, norm scales around 1: no identity-like layer.
-            weights = [
-                rng.normal(size=w.shape).astype("float32") * 0.05
-                + (1.0 if "gamma" in w.path else 0.0)
-                for w in model.weights
-            ]
+            # Random weights, norm scales and variances around 1: no
+            # identity-like layer, no negative batch-norm variance.
+            weights = []
+            for w in model.weights:
+                value = rng.normal(size=w.shape).astype("float32") * 0.05
+                if "variance" in w.path:
+                    value = np.abs(value)
+                if "gamma" in w.path or "variance" in w.path:
+                    value = value + 1.0
+                weights.append(value)
         for variable, value in zip(model.weights, weights, strict=True):
             variable.assign(value)
         instances[setting] = model
