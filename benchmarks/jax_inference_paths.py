@@ -32,10 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import profile_train_step  # noqa: E402
 import throughput  # noqa: E402
 
-from keras_jumbo import convert  # noqa: E402
-from keras_jumbo import models  # noqa: E402
 from keras_jumbo.layers import attention  # noqa: E402
 from keras_jumbo.layers import patch_embedding  # noqa: E402
 from keras_jumbo.layers import transformer_encoder  # noqa: E402
@@ -55,13 +54,12 @@ SETTINGS = {
 
 
 def build(name, image_size):
-    if name == "official_jumbo_pico":
-        return convert.official_jumbo_model(
-            "pico", image_size=image_size, num_classes=1000
-        )
-    if name in throughput.TIME_SERIES:
-        return models.create_model(name)
-    return throughput._build(name, image_size, 1000)
+    """A named setting of `profile_train_step.py` (the official pico
+    architecture, ...) or a model of `throughput.py` (`name:plain`, time
+    series)."""
+    if name in profile_train_step.MODELS:
+        return profile_train_step.build(name, image_size, 1000)
+    return throughput.build_model(name, image_size)[0]
 
 
 def set_paths(on):
@@ -119,8 +117,9 @@ def main(argv=None):
     parser.add_argument(
         "models",
         nargs="+",
-        help="name:batch[:image_size]; official_jumbo_pico is the official "
-        "architecture (vs_official.py's model)",
+        help="name:batch[:image_size]; a named setting of "
+        "profile_train_step.py (official_jumbo_pico: vs_official.py's "
+        "model) or any model of throughput.py",
     )
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument(

@@ -211,6 +211,16 @@ def _build(name, image_size, num_classes):
     return model
 
 
+def build_model(name, image_size, num_classes=1000):
+    """`(model, image size)`: a time-series model at its registered
+    defaults (size None), or an image model (`_build`) at
+    `image_size_for(name, image_size)`."""
+    if name in TIME_SERIES:
+        return models.create_model(name), None
+    image_size = image_size_for(name, image_size)
+    return _build(name, image_size, num_classes), image_size
+
+
 def _inputs(model, batch, rng):
     """Random inputs and targets for `model` (labels, or a zero forecast)."""
     shape = (batch,) + tuple(model.input_shape[1:])
@@ -227,12 +237,7 @@ def _inputs(model, batch, rng):
 def measure(name, image_size, batch, steps, num_classes=1000, train=True):
     """Inference / training examples/s and training-step peak memory."""
     rng = np.random.default_rng(0)
-    if name in TIME_SERIES:
-        model = models.create_model(name)
-        image_size = None
-    else:
-        image_size = image_size_for(name, image_size)
-        model = _build(name, image_size, num_classes)
+    model, image_size = build_model(name, image_size, num_classes)
     x, y, loss = _inputs(model, batch, rng)
     row = {
         "model": name,
