@@ -38,6 +38,7 @@ import throughput  # noqa: E402
 from keras_jumbo.layers import attention  # noqa: E402
 from keras_jumbo.layers import patch_embedding  # noqa: E402
 from keras_jumbo.layers import transformer_encoder  # noqa: E402
+from keras_jumbo.testing import randomize_weights  # noqa: E402
 
 PATHS = {
     "head": (attention, "PER_HEAD_INFERENCE_BACKENDS"),
@@ -68,24 +69,12 @@ def set_paths(on):
 
 
 def compare(name, batch, image_size, rounds, settings):
-    rng = np.random.default_rng(0)
-    instances, weights = {}, None
+    instances = {}
     for setting in settings:
-        model = build(name, image_size)
-        if weights is None:
-            # Random weights, norm scales and variances around 1: no
-            # identity-like layer, no negative batch-norm variance.
-            weights = []
-            for w in model.weights:
-                value = rng.normal(size=w.shape).astype("float32") * 0.05
-                if "variance" in w.path:
-                    value = np.abs(value)
-                if "gamma" in w.path or "variance" in w.path:
-                    value = value + 1.0
-                weights.append(value)
-        for variable, value in zip(model.weights, weights, strict=True):
-            variable.assign(value)
-        instances[setting] = model
+        # The same random weights in every instance (norm scales around 1,
+        # positive variances): no identity-like layer.
+        instances[setting] = randomize_weights(build(name, image_size))
+    rng = np.random.default_rng(0)
     x, _, _ = throughput._inputs(instances[settings[0]], batch, rng)
     outputs = {}
     for setting, model in instances.items():

@@ -10,6 +10,7 @@ from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import dense
 from keras_jumbo.layers._utils import dropout
+from keras_jumbo.layers.closed_form import shifted_exp
 from keras_jumbo.layers.closed_form import softmax
 from keras_jumbo.layers.dropout import Dropout
 
@@ -331,7 +332,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 for start, width in zip(starts, widths, strict=True)
             )
             scores = ops.einsum("bqc,bsc->bqs", q * scale, k)
-            weights = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+            weights = shifted_exp(scores, axis=-1)
             total = ops.sum(weights, axis=-1, keepdims=True)
             outputs.append(ops.einsum("bqs,bsc->bqc", weights, v) / total)
         return dense(self.proj, ops.concatenate(outputs, axis=-1))

@@ -72,6 +72,11 @@ def closed_form_layer_norm(x, gamma, beta, epsilon):
     return ops.cast(normalize(x, gamma, beta), dtype)
 
 
+def shifted_exp(x, axis=-1):
+    """`exp(x - max(x))` over `axis`: a softmax's numerators, none above 1."""
+    return ops.exp(x - ops.max(x, axis=axis, keepdims=True))
+
+
 def softmax(x, axis=-1):
     """`ops.softmax(x, axis)`; on `CLOSED_FORM_BACKENDS` with the gradient
     written out: `dx = p * (dp - sum(dp * p))` over `axis`."""
@@ -80,7 +85,7 @@ def softmax(x, axis=-1):
 
     @ops.custom_gradient
     def probabilities(x):
-        exp = ops.exp(x - ops.max(x, axis=axis, keepdims=True))
+        exp = shifted_exp(x, axis)
         p = exp / ops.sum(exp, axis=axis, keepdims=True)
 
         def grad(*args, upstream=None):
