@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these seven things:
+Keras 3.15 has no public way to do these eight things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -26,14 +26,20 @@ Keras 3.15 has no public way to do these seven things:
   `Layer.__delattr__` runs `gc.collect()` each time a layer drops a
   variable, which every quantised Dense does (its float kernel), so
   `model.quantize` cost 0.15-1 s per layer, growing with the process's
-  heap (`collect_garbage_once` below).
+  heap (`collect_garbage_once` below);
+- on JAX, compile the steps Keras makes (`make_train_function`, ...)
+  with XLA compiler options: Keras calls `jax.jit` through the module
+  attribute `keras.src.backend.jax.trainer.jit` with none
+  (`jax_jit_options` below; the options: `keras_jumbo.runtime`).
 
 Everything else in keras_jumbo uses public Keras API only; if a future
 Keras offers these, this module is the one place to change.
 """
 
 import contextlib
+import functools
 import gc
+import inspect
 
 import keras
 
@@ -209,3 +215,41 @@ def collect_garbage_once():
     finally:
         gc.collect = collect
         collect()
+
+
+def _takes(function, argument):
+    """Whether `function` takes the keyword argument `argument`."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return argument in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+@contextlib.contextmanager
+def jax_jit_options(**options):
+    """Inside the block, Keras' JAX trainer jits the steps it makes with
+    these extra `jax.jit` arguments (e.g. `compiler_options={...}`).
+
+    Keras' `make_train_function` / `make_test_function` /
+    `make_predict_function` call `keras.src.backend.jax.trainer.jit`
+    (`jax.jit`, or Flax's `nnx.jit` when Keras runs Flax NNX modules) when
+    they make a step; this block binds the arguments to it. Nothing
+    changes when there are no arguments, the backend is not JAX, or that
+    `jit` does not take one of them. The switch is process-wide: another
+    thread making a Keras step inside the block gets the arguments too.
+    """
+    trainer = None
+    if options and keras.backend.backend() == "jax":
+        from keras.src.backend.jax import trainer
+    jit = getattr(trainer, "jit", None)
+    if jit is None or not all(_takes(jit, name) for name in options):
+        yield
+        return
+    trainer.jit = functools.partial(jit, **options)
+    try:
+        yield
+    finally:
+        trainer.jit = jit

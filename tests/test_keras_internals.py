@@ -3,6 +3,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from keras_jumbo import _keras_internals
 from keras_jumbo.layers import JumboBlock
@@ -169,3 +170,27 @@ def test_model_quantize_collects_garbage_once(monkeypatch):
             gc.collect()
         assert not calls
     assert len(calls) == 1
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="Keras' JAX trainer only"
+)
+def test_jax_jit_options_binds_arguments_the_jit_takes(monkeypatch):
+    from keras.src.backend.jax import trainer
+
+    from keras_jumbo._keras_internals import jax_jit_options
+
+    def takes_options(function, compiler_options=None):
+        return compiler_options
+
+    def takes_nothing(function):
+        return "plain"
+
+    monkeypatch.setattr(trainer, "jit", takes_options)
+    with jax_jit_options(compiler_options={"a": 1}):
+        assert trainer.jit(None) == {"a": 1}
+    assert trainer.jit is takes_options
+    # A `jit` without the argument (e.g. another library's) is left alone.
+    monkeypatch.setattr(trainer, "jit", takes_nothing)
+    with jax_jit_options(compiler_options={"a": 1}):
+        assert trainer.jit is takes_nothing

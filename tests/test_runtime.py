@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import keras
+import numpy as np
 import pytest
 
 from keras_jumbo import runtime
@@ -134,3 +135,125 @@ def test_a_jax_step_stops_mapping_and_faulting_its_buffer_in():
     # No block as large as the buffer was ever mapped on its own.
     assert kept_mapped < _BUFFER // 4, kept_mapped
     assert sorted(kept)[len(kept) // 2] < 1_000, kept  # the median
+
+
+# --- XLA compiler options of the models' JAX steps -------------------------
+
+_CPUINFO = """processor\t: 0
+vendor_id\t: {vendor}
+cpu family\t: 26
+flags\t\t: fpu sse2 avx2 fma {extra}
+
+processor\t: 1
+vendor_id\t: {vendor}
+flags\t\t: fpu sse2 avx2 fma {extra}
+"""
+
+
+@pytest.mark.parametrize(
+    "vendor, extra, expected",
+    [
+        ("AuthenticAMD", "avx512f avx512bw", True),
+        ("AuthenticAMD", "avx512bw", False),  # no avx512f
+        ("AuthenticAMD", "", False),
+        ("GenuineIntel", "avx512f avx512bw", False),  # not measured
+    ],
+)
+def test_reads_vendor_and_avx512_from_cpuinfo(
+    tmp_path, vendor, extra, expected
+):
+    path = tmp_path / "cpuinfo"
+    path.write_text(_CPUINFO.format(vendor=vendor, extra=extra))
+    assert runtime._amd_with_avx512(str(path)) is expected
+    assert runtime._amd_with_avx512(str(tmp_path / "missing")) is False
+
+
+@pytest.fixture
+def automatic_options():
+    """Every test leaves the automatic choice behind it."""
+    runtime.set_jax_compiler_options(None)
+    runtime._automatic_options.cache_clear()
+    yield
+    runtime.set_jax_compiler_options(None)
+    runtime._automatic_options.cache_clear()
+
+
+@pytest.mark.parametrize("amd_avx512", [True, False])
+def test_automatic_options_are_wide_vectors_on_amd_avx512_cpus(
+    monkeypatch, automatic_options, amd_avx512
+):
+    import jax
+
+    monkeypatch.setattr(runtime, "_amd_with_avx512", lambda: amd_avx512)
+    runtime._automatic_options.cache_clear()
+    options = runtime.jax_compiler_options()
+    on_cpu = jax.default_backend() == "cpu"
+    assert options == (
+        {"xla_cpu_prefer_vector_width": 512} if amd_avx512 and on_cpu else {}
+    )
+    options["changed"] = 1  # a copy
+    assert "changed" not in runtime.jax_compiler_options()
+
+
+def test_chosen_options_are_checked_and_kept(automatic_options):
+    runtime.set_jax_compiler_options({"xla_cpu_prefer_vector_width": 256})
+    assert runtime.jax_compiler_options() == {
+        "xla_cpu_prefer_vector_width": 256
+    }
+    runtime.set_jax_compiler_options({})
+    assert runtime.jax_compiler_options() == {}
+    with pytest.raises(TypeError, match="options=.*prefer"):
+        runtime.set_jax_compiler_options([("xla_cpu_prefer_vector_width", 1)])
+    with pytest.raises(TypeError, match=r"options=\{1: 2\}"):
+        runtime.set_jax_compiler_options({1: 2})
+    with pytest.raises(ValueError, match="xla_cpu_no_such_option"):
+        runtime.set_jax_compiler_options({"xla_cpu_no_such_option": True})
+    # A refused choice leaves the previous one.
+    assert runtime.jax_compiler_options() == {}
+    runtime.set_jax_compiler_options(None)
+    assert runtime.jax_compiler_options() == dict(runtime._automatic_options())
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="the options are JAX's"
+)
+def test_model_steps_compile_with_the_options(monkeypatch, automatic_options):
+    """Keras' predict, train and test steps of a model class are jitted
+    with the chosen options (a spy on the `jax.jit` Keras calls), and the
+    512-bit and 256-bit programs give the same numbers to round-off."""
+    import jax
+    from keras.src.backend.jax import trainer
+
+    from keras_jumbo import models
+    from keras_jumbo.testing import randomize_weights
+
+    seen = []
+
+    def spy(function, **kwargs):
+        seen.append(kwargs.get("compiler_options"))
+        return jax.jit(function, **kwargs)
+
+    monkeypatch.setattr(trainer, "jit", spy)
+    x = np.random.default_rng(0).normal(size=(4, 32, 32, 3)).astype("float32")
+    y = np.arange(4) % 10
+    outputs = {}
+    for width in (256, 512):
+        options = {"xla_cpu_prefer_vector_width": width}
+        runtime.set_jax_compiler_options(options)
+        model = models.JumboViT(
+            "pico", image_size=32, patch_size=8, num_classes=10
+        )
+        randomize_weights(model, seed=1)
+        seen.clear()
+        outputs[width] = np.asarray(model.predict_on_batch(x))
+        assert seen == [options]
+        model.compile(optimizer="adamw", loss="sparse_categorical_crossentropy")
+        seen.clear()
+        model.test_on_batch(x, y)
+        model.train_on_batch(x, y)
+        assert seen == [options, options]
+    np.testing.assert_allclose(outputs[512], outputs[256], atol=1e-5)
+    # With no options, Keras' own call: no `compiler_options` argument.
+    runtime.set_jax_compiler_options({})
+    model.make_predict_function(force=True)
+    assert seen[-1] is None

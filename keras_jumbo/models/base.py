@@ -13,8 +13,10 @@ import inspect
 
 import keras
 
+from keras_jumbo import runtime
 from keras_jumbo._keras_internals import ReleasesAddedLosses
 from keras_jumbo._keras_internals import collect_garbage_once
+from keras_jumbo._keras_internals import jax_jit_options
 from keras_jumbo._keras_internals import sublayers
 
 
@@ -99,6 +101,17 @@ def dtype_policy_scope(policy):
         yield
     finally:
         keras.config.set_dtype_policy(previous)
+
+
+def _jax_step_options():
+    """The block in which Keras makes a JAX step of a model: XLA compiler
+    options `runtime.jax_compiler_options()` (none on other backends)."""
+    if keras.backend.backend() != "jax":
+        return contextlib.nullcontext()
+    options = runtime.jax_compiler_options()
+    if not options:
+        return contextlib.nullcontext()
+    return jax_jit_options(compiler_options=options)
 
 
 class ConfiguredModel(ReleasesAddedLosses, keras.Model):
@@ -248,6 +261,22 @@ class ConfiguredModel(ReleasesAddedLosses, keras.Model):
     def predict_on_batch(self, x):
         self._check_data(x)
         return super().predict_on_batch(x)
+
+    # The steps Keras makes on JAX are compiled with
+    # `keras_jumbo.runtime.jax_compiler_options()` (512-bit vectors in
+    # XLA's element-wise code on AMD CPUs with AVX-512; measured faster,
+    # benchmarks/README.md). Other backends: Keras' own steps, unchanged.
+    def make_train_function(self, force=False):
+        with _jax_step_options():
+            return super().make_train_function(force)
+
+    def make_test_function(self, force=False):
+        with _jax_step_options():
+            return super().make_test_function(force)
+
+    def make_predict_function(self, force=False):
+        with _jax_step_options():
+            return super().make_predict_function(force)
 
     def _check_data(self, x):
         """Check arrays, dicts of arrays and tf.data element specs (other
