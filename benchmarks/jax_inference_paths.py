@@ -1,6 +1,7 @@
 """The JAX inference paths, each on and off, in one process (ratios).
 
-On JAX, three layers take another form at inference (issue #15):
+On JAX, three layers take another form at inference, and the models'
+steps are compiled with XLA options (issue #15):
 
 - `head`: `MultiHeadSelfAttention` head by head on column slices of one
   q/k/v matmul (`attention.PER_HEAD_INFERENCE_BACKENDS`);
@@ -8,7 +9,10 @@ On JAX, three layers take another form at inference (issue #15):
   instead of the stride-P convolution
   (`patch_embedding.MATMUL_INFERENCE_BACKENDS`);
 - `halves`: `TransformerEncoder` running its blocks on two halves of a
-  large batch (`transformer_encoder.MICRO_BATCH_INFERENCE_BACKENDS`).
+  large batch (`transformer_encoder.MICRO_BATCH_INFERENCE_BACKENDS`);
+- `options`: the automatic `keras_jumbo.runtime.jax_compiler_options()`
+  (512-bit vectors in XLA's element-wise code on AMD CPUs with AVX-512)
+  instead of none (`set_jax_compiler_options({})`).
 
 For each model, one instance per setting (same random weights) is
 compiled with that setting; then their `predict_on_batch` steps are timed
@@ -35,6 +39,7 @@ import numpy as np  # noqa: E402
 import profile_train_step  # noqa: E402
 import throughput  # noqa: E402
 
+from keras_jumbo import runtime  # noqa: E402
 from keras_jumbo.layers import attention  # noqa: E402
 from keras_jumbo.layers import patch_embedding  # noqa: E402
 from keras_jumbo.layers import transformer_encoder  # noqa: E402
@@ -51,6 +56,7 @@ SETTINGS = {
     "head+patch": ("head", "patch"),
     "head+halves": ("head", "halves"),
     "all": ("head", "patch", "halves"),
+    "all+options": ("head", "patch", "halves", "options"),
 }
 
 
@@ -66,6 +72,7 @@ def build(name, image_size):
 def set_paths(on):
     for path, (module, constant) in PATHS.items():
         setattr(module, constant, ("jax",) if path in on else ())
+    runtime.set_jax_compiler_options(None if "options" in on else {})
 
 
 def compare(name, batch, image_size, rounds, settings):
@@ -81,7 +88,7 @@ def compare(name, batch, image_size, rounds, settings):
         # The first call compiles the predict step with these paths.
         set_paths(SETTINGS[setting])
         outputs[setting] = np.asarray(model.predict_on_batch(x))
-    set_paths(("head", "patch", "halves"))
+    set_paths(SETTINGS["all+options"])
     times = {setting: [] for setting in settings}
     for round_index in range(rounds):
         order = settings if round_index % 2 == 0 else settings[::-1]

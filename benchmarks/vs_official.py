@@ -12,7 +12,13 @@ reported:
                       architecture and numerics, official-weight parity
                       tested) with Keras' default compilation per backend
                       (XLA on JAX, `tf.function` on TensorFlow, eager on
-                      PyTorch)
+                      PyTorch); on JAX its steps compiled with
+                      `keras_jumbo.runtime.jax_compiler_options()` (512-bit
+                      vectors in XLA's element-wise code on AMD CPUs with
+                      AVX-512)
+    jax_xla_defaults  keras_jumbo on JAX with XLA's default compiler
+                      options (`runtime.set_jax_compiler_options({})`):
+                      what the library's options change
     jax_kept          keras_jumbo on JAX after
                       `keras_jumbo.runtime.keep_freed_memory()` (what the
                       recipes do on JAX: each step's buffer is reused, not
@@ -111,6 +117,7 @@ CONTENDERS = (
     "official",
     "official_compile",
     "jax",
+    "jax_xla_defaults",
     "jax_kept",
     "tensorflow",
     "tensorflow_xla",
@@ -128,6 +135,7 @@ NO_MMAP_MALLOC = {
 }
 KERAS_BACKENDS = {
     "jax": "jax",
+    "jax_xla_defaults": "jax",
     "jax_kept": "jax",
     "tensorflow": "tensorflow",
     "tensorflow_xla": "tensorflow",
@@ -244,6 +252,10 @@ def _keras(args, contender):
         # Before the first JAX computation (the model's initialisers).
         if not runtime.keep_freed_memory():
             raise SystemExit("jax_kept: keep_freed_memory needs glibc")
+    if contender == "jax_xla_defaults":
+        from keras_jumbo import runtime
+
+        runtime.set_jax_compiler_options({})
 
     if args.device == "gpu":
         backend = keras.backend.backend()

@@ -126,14 +126,15 @@ def _dispatch_jax_on_the_calling_thread():
 
 # XLA's CPU code generator emits 256-bit vectors by default, even on CPUs
 # with AVX-512 (on some Intel CPUs 512-bit instructions lower the clock).
-# AMD's Zen 4 and Zen 5 run them at full clock. With this option XLA's own
-# element-wise fusions (exact GELU's erf, LayerNorm, the softmax's
-# exponentials, slices) use 512-bit vectors; the matmuls (XNNPACK) already
-# did. Measured on a 2-core AMD Zen 5 (JAX predict steps, in-process
-# A/B): the GELU fusion 0.128 ms against 0.256; pico Jumbo's step 2.5%
-# faster, ViT-Tiny's 7.8%, PatchTST, Non-Deep ViT and ViT-Res 1.4-1.8%;
-# training steps -1% to +3%; outputs within 1e-6 of the default
-# (benchmarks/README.md, twentieth session).
+# AMD's Zen 4 (as two 256-bit halves) and Zen 5 run them at full clock.
+# With this option XLA's own element-wise fusions (exact GELU's erf,
+# LayerNorm, the softmax's exponentials, slices) use 512-bit vectors; the
+# matmuls (XNNPACK) already did. Measured on a 2-core AMD Zen 5 (JAX
+# predict steps, in-process A/B): the GELU fusion 0.128 ms against 0.256;
+# pico Jumbo's step 2.5% faster, ViT-Tiny's 7.8%, PatchTST, Non-Deep ViT
+# and ViT-Res 1.4-1.8%; training steps -1% to +3%; outputs within 1e-6 of
+# the default (benchmarks/README.md, twentieth session). Not measured on
+# Zen 4.
 WIDE_VECTOR_OPTIONS = {"xla_cpu_prefer_vector_width": 512}
 
 # `set_jax_compiler_options(None)`: the automatic choice.
