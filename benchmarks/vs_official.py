@@ -246,15 +246,13 @@ def _keras(args, contender):
     import keras
     import numpy as np
 
-    if contender == "jax_kept":
-        from keras_jumbo import runtime
+    from keras_jumbo import runtime
 
+    if contender == "jax_kept":
         # Before the first JAX computation (the model's initialisers).
         if not runtime.keep_freed_memory():
             raise SystemExit("jax_kept: keep_freed_memory needs glibc")
     if contender == "jax_xla_defaults":
-        from keras_jumbo import runtime
-
         runtime.set_jax_compiler_options({})
 
     if args.device == "gpu":

@@ -3,7 +3,6 @@
 
 import keras
 import numpy as np
-import pytest
 
 from keras_jumbo import _keras_internals
 from keras_jumbo.layers import JumboBlock
@@ -172,9 +171,6 @@ def test_model_quantize_collects_garbage_once(monkeypatch):
     assert len(calls) == 1
 
 
-@pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="Keras' JAX trainer only"
-)
 def test_jax_jit_options_binds_arguments_the_jit_takes(monkeypatch):
     from keras.src.backend.jax import trainer
 
@@ -188,7 +184,9 @@ def test_jax_jit_options_binds_arguments_the_jit_takes(monkeypatch):
 
     monkeypatch.setattr(trainer, "jit", takes_options)
     with jax_jit_options(compiler_options={"a": 1}):
-        assert trainer.jit(None) == {"a": 1}
+        bound = trainer.jit(None)
+    # Other backends: Keras' JAX trainer is left alone.
+    assert bound == ({"a": 1} if keras.backend.backend() == "jax" else None)
     assert trainer.jit is takes_options
     # A `jit` without the argument (e.g. another library's) is left alone.
     monkeypatch.setattr(trainer, "jit", takes_nothing)
