@@ -10,6 +10,10 @@ steps are compiled with XLA options (issue #15):
   (`patch_embedding.MATMUL_INFERENCE_BACKENDS`);
 - `halves`: `TransformerEncoder` running its blocks on two halves of a
   large batch (`transformer_encoder.MICRO_BATCH_INFERENCE_BACKENDS`);
+- `slices`: with `halves`, a batch whose halves would hold more than
+  `transformer_encoder.MAX_MICRO_BATCH_ELEMENTS` numbers cut into more
+  slices, run a pair at a time in a loop (off: two halves at most, as
+  every setting but `all+slices` has it);
 - `options`: the automatic `keras_jumbo.runtime.jax_compiler_options()`
   (512-bit vectors in XLA's element-wise code on AMD CPUs with AVX-512)
   instead of none (`set_jax_compiler_options({})`).
@@ -26,6 +30,7 @@ output difference from it.
 """
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -50,6 +55,8 @@ PATHS = {
     "patch": (patch_embedding, "MATMUL_INFERENCE_BACKENDS"),
     "halves": (transformer_encoder, "MICRO_BATCH_INFERENCE_BACKENDS"),
 }
+# The library's slice size, restored by `set_paths` (off: math.inf).
+MAX_SLICE_ELEMENTS = transformer_encoder.MAX_MICRO_BATCH_ELEMENTS
 SETTINGS = {
     "none": (),
     "head": ("head",),
@@ -57,6 +64,7 @@ SETTINGS = {
     "head+halves": ("head", "halves"),
     "all": ("head", "patch", "halves"),
     "all+options": ("head", "patch", "halves", "options"),
+    "all+slices": ("head", "patch", "halves", "options", "slices"),
 }
 
 
@@ -72,6 +80,9 @@ def build(name, image_size):
 def set_paths(on):
     for path, (module, constant) in PATHS.items():
         setattr(module, constant, ("jax",) if path in on else ())
+    transformer_encoder.MAX_MICRO_BATCH_ELEMENTS = (
+        MAX_SLICE_ELEMENTS if "slices" in on else math.inf
+    )
     runtime.set_jax_compiler_options(None if "options" in on else {})
 
 
@@ -88,7 +99,7 @@ def compare(name, batch, image_size, rounds, settings):
         # The first call compiles the predict step with these paths.
         set_paths(SETTINGS[setting])
         outputs[setting] = np.asarray(model.predict_on_batch(x))
-    set_paths(SETTINGS["all+options"])
+    set_paths(SETTINGS["all+slices"])
     times = {setting: [] for setting in settings}
     for round_index in range(rounds):
         order = settings if round_index % 2 == 0 else settings[::-1]

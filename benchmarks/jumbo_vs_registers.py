@@ -8,9 +8,14 @@ images/s, Tables 5-6).
 
 Both models run through Keras' compiled predict function (XLA on JAX,
 tf.function on TensorFlow, eager on PyTorch) on random 128 px images,
-after warm-up; the script prints images/s per model and the ratio measured
-in this one run. Defaults are GPU-sized (batch 512); on a CPU use e.g.
-`--batch 32 --steps 3`.
+after warm-up. The two models are timed in `--rounds` interleaved rounds
+(the order alternates), so a slow phase of a shared machine hits both;
+the script prints each round's ratio and the median images/s and ratio.
+Beside it, the ratio the two models' multiply-accumulates alone predict
+(`count_macs`: Registers' MACs / Jumbo's, the ratio at equal FLOP
+efficiency) and the measured ratio over it ("efficiency": below 1 when
+Jumbo's work runs slower per MAC than Registers'). Defaults are GPU-sized
+(batch 512); on a CPU use e.g. `--batch 64 --steps 10`.
 
 Command:
     KERAS_BACKEND=jax python benchmarks/jumbo_vs_registers.py \
@@ -19,6 +24,7 @@ Command:
 
 import argparse
 import os
+import statistics
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -28,6 +34,7 @@ import numpy as np  # noqa: E402
 
 from keras_jumbo.models import JumboViT  # noqa: E402
 from keras_jumbo.models import RegistersViT  # noqa: E402
+from keras_jumbo.models import count_macs  # noqa: E402
 
 
 def images_per_second(model, images, steps, warmup):
@@ -39,6 +46,25 @@ def images_per_second(model, images, steps, warmup):
     return steps * len(images) / (time.perf_counter() - start)
 
 
+def compare(jumbo, registers, images, steps, warmup, rounds):
+    """Images/s of both models per round (order alternating) and the
+    ratio Jumbo / Registers of each round."""
+    rates = {"jumbo": [], "registers": []}
+    models = {"jumbo": jumbo, "registers": registers}
+    for round_index in range(rounds):
+        order = ["jumbo", "registers"]
+        if round_index % 2:
+            order.reverse()
+        for name in order:
+            rates[name].append(
+                images_per_second(models[name], images, steps, warmup)
+            )
+    ratios = [
+        j / r for j, r in zip(rates["jumbo"], rates["registers"], strict=True)
+    ]
+    return rates, ratios
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["pico", "nano"])
@@ -46,11 +72,14 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16"]
     )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1; received {args.rounds}")
     if args.dtype == "bfloat16":
         keras.config.set_dtype_policy("mixed_bfloat16")
     rng = np.random.default_rng(0)
@@ -59,20 +88,27 @@ def main(argv=None):
     ).astype("float32")
     print(
         f"backend={keras.backend.backend()} dtype={args.dtype} "
-        f"batch={args.batch} steps={args.steps} image={args.image_size}px"
+        f"batch={args.batch} steps={args.steps} rounds={args.rounds} "
+        f"image={args.image_size}px"
     )
     print(
-        f"{'size':<6} {'Jumbo img/s':>12} {'Registers img/s':>16} {'ratio':>7}"
+        f"{'size':<6} {'Jumbo img/s':>12} {'Registers img/s':>16} "
+        f"{'ratio':>7} {'MAC ratio':>10} {'efficiency':>11}  rounds"
     )
     for size in args.sizes:
         common = dict(num_classes=args.num_classes, image_size=args.image_size)
         jumbo = JumboViT(size, **common)
         registers = RegistersViT(size, num_registers=16, **common)
-        jumbo_rate = images_per_second(jumbo, images, args.steps, args.warmup)
-        reg_rate = images_per_second(registers, images, args.steps, args.warmup)
+        rates, ratios = compare(
+            jumbo, registers, images, args.steps, args.warmup, args.rounds
+        )
+        ratio = statistics.median(ratios)
+        mac_ratio = count_macs(registers) / count_macs(jumbo)
         print(
-            f"{size:<6} {jumbo_rate:>12.1f} {reg_rate:>16.1f} "
-            f"{jumbo_rate / reg_rate:>7.3f}"
+            f"{size:<6} {statistics.median(rates['jumbo']):>12.1f} "
+            f"{statistics.median(rates['registers']):>16.1f} "
+            f"{ratio:>7.3f} {mac_ratio:>10.3f} {ratio / mac_ratio:>11.3f}  "
+            + " ".join(f"{r:.3f}" for r in ratios)
         )
     print("paper (RTX 4090, nano, 128 px, batch 512): ratio 0.96")
 

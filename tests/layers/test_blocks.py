@@ -1,6 +1,8 @@
 """The encoder blocks (ViTBlock, JumboBlock, PatchTSTEncoderBlock) and the
 TransformerEncoder, against numpy references of the papers' formulas."""
 
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -247,8 +249,9 @@ def test_encoder_of_plain_blocks_is_the_blocks_in_order(rng):
     assert encoder.depth == 3
 
 
-def _micro_batching_here(monkeypatch, min_tokens):
-    """Micro-batching on this backend, from `min_tokens` tokens a slice."""
+def _micro_batching_here(monkeypatch, min_tokens, max_elements=None):
+    """Micro-batching on this backend, from `min_tokens` tokens a slice
+    (and at most `max_elements` numbers a slice, if given)."""
     monkeypatch.setattr(
         transformer_encoder,
         "MICRO_BATCH_INFERENCE_BACKENDS",
@@ -257,27 +260,44 @@ def _micro_batching_here(monkeypatch, min_tokens):
     monkeypatch.setattr(
         transformer_encoder, "MIN_MICRO_BATCH_TOKENS", min_tokens
     )
+    if max_elements is not None:
+        monkeypatch.setattr(
+            transformer_encoder, "MAX_MICRO_BATCH_ELEMENTS", max_elements
+        )
 
 
 @pytest.mark.parametrize("kind", ["jumbo", "patchtst"])
-def test_encoder_micro_batches_are_the_whole_batch(rng, monkeypatch, kind):
-    # Every backend: the slices (3 + 2 of a batch of 5) through the blocks,
-    # concatenated, are the whole batch through the blocks; PatchTST's
-    # residual scores are carried within each slice.
-    _micro_batching_here(monkeypatch, min_tokens=6)
+@pytest.mark.parametrize(
+    "batch, slices",
+    [
+        (3, 2),  # two halves: 2 + 1
+        (8, 4),  # a loop over two pairs of 2 + 2
+        (7, 4),  # a loop over one pair of 2 + 2, the rest 3 as 2 + 1
+        (9, 6),  # a loop over two pairs of 2 + 2, the rest 1 as one slice
+    ],
+)
+def test_encoder_micro_batches_are_the_whole_batch(
+    rng, monkeypatch, kind, batch, slices
+):
+    # Every backend: the slices through the blocks, concatenated, are the
+    # whole batch through the blocks; PatchTST's residual scores are
+    # carried within each slice. A slice holds at most 2 samples' numbers
+    # (2 x 6 x 8), so from 5 samples on the batch is cut into an even
+    # number of slices run a pair at a time (`keras.ops.map`).
+    _micro_batching_here(monkeypatch, min_tokens=3, max_elements=2 * 6 * 8)
     if kind == "jumbo":
         encoder = shared_lora_encoder()
     else:
         encoder = TransformerEncoder(
             [PatchTSTEncoderBlock(2, 16, name=f"block_{i}") for i in range(2)]
         )
-    x = rng.normal(size=(5, 6, 8)).astype("float32")
+    x = rng.normal(size=(batch, 6, 8)).astype("float32")
     encoder(x)
     randomize_weights(encoder)
-    assert encoder._micro_batches(x.shape, training=False) == 2
+    assert encoder._micro_batches(x.shape, training=False) == slices
     whole = encoder._run_blocks(x, training=False)
-    assert_allclose(encoder(x, training=False), whole, atol=1e-5)
-    assert_allclose(encoder(x), whole, atol=1e-5)
+    assert_allclose(encoder(x, training=False), whole, atol=2e-5)
+    assert_allclose(encoder(x), whole, atol=2e-5)
 
 
 def test_encoder_micro_batches_only_for_large_inference_on_jax(monkeypatch):
@@ -287,12 +307,24 @@ def test_encoder_micro_batches_only_for_large_inference_on_jax(monkeypatch):
     )
     # 64 x 70 tokens: two slices of 2240 >= 2048 (pico, batch 64).
     assert encoder._micro_batches((64, 70, 96), False) == (2 if on else 1)
+    # Registers nano at batch 64: two halves of 2592 x 128 numbers
+    # (<= 3 * 2**17); at batch 128, 4 slices; ViT-Tiny (197 x 192) at
+    # batch 64, 8 slices of 8.
+    assert encoder._micro_batches((64, 81, 128), False) == (2 if on else 1)
+    assert encoder._micro_batches((128, 81, 128), False) == (4 if on else 1)
+    assert encoder._micro_batches((64, 197, 192), False) == (8 if on else 1)
     assert encoder._micro_batches((64, 70, 96), True) == 1
     assert encoder._micro_batches((32, 70, 96), False) == 1
     assert encoder._micro_batches((None, 70, 96), False) == 1
     _micro_batching_here(monkeypatch, min_tokens=1)
     assert encoder._micro_batches((1, 70, 96), False) == 1
     assert encoder._micro_batches((3, 70, 96), None) == 2
+    # No more than one slice a sample.
+    _micro_batching_here(monkeypatch, min_tokens=1, max_elements=1)
+    assert encoder._micro_batches((3, 70, 96), None) == 3
+    # math.inf: two halves at most.
+    _micro_batching_here(monkeypatch, min_tokens=1, max_elements=math.inf)
+    assert encoder._micro_batches((128, 81, 128), False) == 2
 
 
 def test_drop_path_changes_training_output_only(rng):
