@@ -9,9 +9,9 @@ steps are compiled with XLA options (issue #15):
   instead of the stride-P convolution
   (`patch_embedding.MATMUL_INFERENCE_BACKENDS`);
 - `halves`: `TransformerEncoder` running its blocks on two halves of a
-  large batch (`transformer_encoder.MICRO_BATCH_INFERENCE_BACKENDS`);
+  large batch (`_micro_batch.MICRO_BATCH_INFERENCE_BACKENDS`);
 - `slices`: with `halves`, a batch whose halves would hold more than
-  `transformer_encoder.MAX_MICRO_BATCH_ELEMENTS` numbers cut into more
+  `_micro_batch.MAX_MICRO_BATCH_ELEMENTS` numbers cut into more
   slices, run a pair at a time in a loop (off: two halves at most, as
   every setting but `all+slices` has it);
 - `options`: the automatic `keras_jumbo.runtime.jax_compiler_options()`
@@ -45,18 +45,18 @@ import profile_train_step  # noqa: E402
 import throughput  # noqa: E402
 
 from keras_jumbo import runtime  # noqa: E402
+from keras_jumbo.layers import _micro_batch  # noqa: E402
 from keras_jumbo.layers import attention  # noqa: E402
 from keras_jumbo.layers import patch_embedding  # noqa: E402
-from keras_jumbo.layers import transformer_encoder  # noqa: E402
 from keras_jumbo.testing import randomize_weights  # noqa: E402
 
 PATHS = {
     "head": (attention, "PER_HEAD_INFERENCE_BACKENDS"),
     "patch": (patch_embedding, "MATMUL_INFERENCE_BACKENDS"),
-    "halves": (transformer_encoder, "MICRO_BATCH_INFERENCE_BACKENDS"),
+    "halves": (_micro_batch, "MICRO_BATCH_INFERENCE_BACKENDS"),
 }
 # The library's slice size, restored by `set_paths` (off: math.inf).
-MAX_SLICE_ELEMENTS = transformer_encoder.MAX_MICRO_BATCH_ELEMENTS
+MAX_SLICE_ELEMENTS = _micro_batch.MAX_MICRO_BATCH_ELEMENTS
 SETTINGS = {
     "none": (),
     "head": ("head",),
@@ -80,7 +80,7 @@ def build(name, image_size):
 def set_paths(on):
     for path, (module, constant) in PATHS.items():
         setattr(module, constant, ("jax",) if path in on else ())
-    transformer_encoder.MAX_MICRO_BATCH_ELEMENTS = (
+    _micro_batch.MAX_MICRO_BATCH_ELEMENTS = (
         MAX_SLICE_ELEMENTS if "slices" in on else math.inf
     )
     runtime.set_jax_compiler_options(None if "options" in on else {})

@@ -1,32 +1,11 @@
-import math
-
 import keras
-from keras import ops
 
 from keras_jumbo._keras_internals import call_sublayer
+from keras_jumbo.layers._micro_batch import run_in_slices
 from keras_jumbo.layers.jumbo_block import JumboBlock
 from keras_jumbo.layers.mlp import MLP
 from keras_jumbo.layers.patchtst_encoder_block import PatchTSTEncoderBlock
 from keras_jumbo.layers.vit_block import ViTBlock
-
-# Backends on which the encoder, at inference, runs its blocks on slices
-# of the batch, each slice through every block, and concatenates the
-# results (`TransformerEncoder.call`). XLA's CPU runtime runs the
-# attention's batched products, LayerNorms and slices on one thread each;
-# two independent chains of blocks let one chain's single-threaded work
-# overlap the other's two-threaded products. The numbers are those of one
-# chain (blocks are per sample). Only when every slice holds at least
-# `MIN_MICRO_BATCH_TOKENS` tokens (batch x length): smaller slices made the
-# predict step slower (2-core CPU; benchmarks/README.md).
-MICRO_BATCH_INFERENCE_BACKENDS = ("jax",)
-INFERENCE_MICRO_BATCHES = 2
-MIN_MICRO_BATCH_TOKENS = 2048
-# At most this many numbers (tokens x width) in a slice: a larger batch is
-# cut into more slices, run two at a time (a pair of chains per step of a
-# loop). Two slices of 64 x 70 x 128 numbers took 1.37x as long as four of
-# 32 (nano, batch 128), ViT-Tiny at batch 64 1.43x (benchmarks/README.md,
-# twenty-first session). `math.inf`: two slices at most.
-MAX_MICRO_BATCH_ELEMENTS = 3 * 2**17
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -42,17 +21,15 @@ class TransformerEncoder(keras.layers.Layer):
     carries each `PatchTSTEncoderBlock`'s attention scores to the next
     (residual attention).
 
-    On JAX, a call at inference on at least `2 * MIN_MICRO_BATCH_TOKENS`
-    tokens (batch x length, 4096: pico at batch 64) runs the blocks on
-    slices of the batch, each slice through every block, and concatenates
-    them: the same numbers (blocks are per sample; tested), and two
-    independent chains that XLA's CPU runtime overlaps (the attention's
-    batched products run on one thread). Two halves, or, when a half would
-    hold more than `MAX_MICRO_BATCH_ELEMENTS` numbers (tokens x width:
-    nano at batch 128, ViT-Tiny at 224 px from batch 32), an even number
-    of slices run a pair at a time in a loop (`keras.ops.map`), so every
-    slice stays small enough to be fast and the compiled step holds the
-    blocks twice, whatever the batch.
+    On JAX, a call at inference on at least 4096 tokens (batch x length:
+    pico at batch 64) runs the blocks on slices of the batch, each slice
+    through every block, and concatenates them: the same numbers (blocks
+    are per sample; tested), and two independent chains that XLA's CPU
+    runtime overlaps (the attention's batched products run on one thread).
+    Two halves, or, from more than `2 * 3 * 2**17` numbers (tokens x width:
+    nano at batch 128, ViT-Tiny at 224 px from batch 32), an even number of
+    slices run a pair at a time in a loop, so that every slice stays small
+    (`keras_jumbo.layers._micro_batch`).
 
     Args:
         blocks: a non-empty list of `ViTBlock` (or subclass) /
@@ -133,66 +110,9 @@ class TransformerEncoder(keras.layers.Layer):
             self.shared_jumbo_mlp.build((input_shape[0], jumbo_dim))
 
     def call(self, inputs, training=None):
-        slices = self._micro_batches(inputs.shape, training)
-        if slices == 1:
-            return self._run_blocks(inputs, training)
-        batch = inputs.shape[0]
-        size = -(-batch // slices)
-        if slices == 2:
-            return self._run_slices(inputs, size, training)
-        # Whole pairs of slices in a loop, the rest (fewer than two
-        # slices' worth) in at most two more slices.
-        pair = 2 * size
-        pairs = batch // pair
-        looped = pairs * pair
-        outputs = ops.map(
-            lambda x: self._run_slices(x, size, training),
-            ops.reshape(inputs[:looped], (pairs, pair) + inputs.shape[1:]),
+        return run_in_slices(
+            lambda x: self._run_blocks(x, training), inputs, training
         )
-        outputs = [ops.reshape(outputs, (looped,) + outputs.shape[2:])]
-        rest = batch - looped
-        if rest:
-            rest_slices = self._micro_batches(
-                (rest,) + tuple(inputs.shape[1:]), training
-            )
-            outputs.append(
-                self._run_slices(
-                    inputs[looped:], -(-rest // min(rest_slices, 2)), training
-                )
-            )
-        return ops.concatenate(outputs, axis=0)
-
-    def _run_slices(self, inputs, size, training):
-        """The blocks on consecutive slices of `size` samples,
-        concatenated."""
-        if size >= inputs.shape[0]:
-            return self._run_blocks(inputs, training)
-        return ops.concatenate(
-            [
-                self._run_blocks(inputs[start : start + size], training)
-                for start in range(0, inputs.shape[0], size)
-            ],
-            axis=0,
-        )
-
-    def _micro_batches(self, input_shape, training):
-        """How many slices of the batch run as separate chains (1: the
-        whole batch at once)."""
-        batch, length, width = input_shape[0], input_shape[1], input_shape[-1]
-        if (
-            training
-            or batch is None
-            or length is None
-            or keras.backend.backend() not in MICRO_BATCH_INFERENCE_BACKENDS
-        ):
-            return 1
-        fitting = batch * length // MIN_MICRO_BATCH_TOKENS
-        slices = min(INFERENCE_MICRO_BATCHES, fitting, batch)
-        if slices < INFERENCE_MICRO_BATCHES:
-            return max(1, slices)
-        numbers = batch * length * (width or 1)
-        pairs = math.ceil(numbers / (2 * MAX_MICRO_BATCH_ELEMENTS))
-        return min(batch, 2 * max(1, pairs))
 
     def _run_blocks(self, inputs, training):
         x, scores = inputs, None

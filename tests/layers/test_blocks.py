@@ -12,7 +12,7 @@ from keras_jumbo.layers import JumboBlock
 from keras_jumbo.layers import PatchTSTEncoderBlock
 from keras_jumbo.layers import TransformerEncoder
 from keras_jumbo.layers import ViTBlock
-from keras_jumbo.layers import transformer_encoder
+from keras_jumbo.layers import _micro_batch
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
@@ -253,16 +253,14 @@ def _micro_batching_here(monkeypatch, min_tokens, max_elements=None):
     """Micro-batching on this backend, from `min_tokens` tokens a slice
     (and at most `max_elements` numbers a slice, if given)."""
     monkeypatch.setattr(
-        transformer_encoder,
+        _micro_batch,
         "MICRO_BATCH_INFERENCE_BACKENDS",
         (keras.backend.backend(),),
     )
-    monkeypatch.setattr(
-        transformer_encoder, "MIN_MICRO_BATCH_TOKENS", min_tokens
-    )
+    monkeypatch.setattr(_micro_batch, "MIN_MICRO_BATCH_TOKENS", min_tokens)
     if max_elements is not None:
         monkeypatch.setattr(
-            transformer_encoder, "MAX_MICRO_BATCH_ELEMENTS", max_elements
+            _micro_batch, "MAX_MICRO_BATCH_ELEMENTS", max_elements
         )
 
 
@@ -294,37 +292,35 @@ def test_encoder_micro_batches_are_the_whole_batch(
     x = rng.normal(size=(batch, 6, 8)).astype("float32")
     encoder(x)
     randomize_weights(encoder)
-    assert encoder._micro_batches(x.shape, training=False) == slices
+    assert _micro_batch.micro_batches(x.shape, training=False) == slices
     whole = encoder._run_blocks(x, training=False)
     assert_allclose(encoder(x, training=False), whole, atol=2e-5)
     assert_allclose(encoder(x), whole, atol=2e-5)
 
 
-def test_encoder_micro_batches_only_for_large_inference_on_jax(monkeypatch):
-    encoder = TransformerEncoder([ViTBlock(2, 16)])
-    on = keras.backend.backend() in (
-        transformer_encoder.MICRO_BATCH_INFERENCE_BACKENDS
-    )
+def test_micro_batches_only_for_large_inference_on_jax(monkeypatch):
+    count = _micro_batch.micro_batches
+    on = keras.backend.backend() in _micro_batch.MICRO_BATCH_INFERENCE_BACKENDS
     # 64 x 70 tokens: two slices of 2240 >= 2048 (pico, batch 64).
-    assert encoder._micro_batches((64, 70, 96), False) == (2 if on else 1)
+    assert count((64, 70, 96), False) == (2 if on else 1)
     # Registers nano at batch 64: two halves of 2592 x 128 numbers
     # (<= 3 * 2**17); at batch 128, 4 slices; ViT-Tiny (197 x 192) at
     # batch 64, 8 slices of 8.
-    assert encoder._micro_batches((64, 81, 128), False) == (2 if on else 1)
-    assert encoder._micro_batches((128, 81, 128), False) == (4 if on else 1)
-    assert encoder._micro_batches((64, 197, 192), False) == (8 if on else 1)
-    assert encoder._micro_batches((64, 70, 96), True) == 1
-    assert encoder._micro_batches((32, 70, 96), False) == 1
-    assert encoder._micro_batches((None, 70, 96), False) == 1
+    assert count((64, 81, 128), False) == (2 if on else 1)
+    assert count((128, 81, 128), False) == (4 if on else 1)
+    assert count((64, 197, 192), False) == (8 if on else 1)
+    assert count((64, 70, 96), True) == 1
+    assert count((32, 70, 96), False) == 1
+    assert count((None, 70, 96), False) == 1
     _micro_batching_here(monkeypatch, min_tokens=1)
-    assert encoder._micro_batches((1, 70, 96), False) == 1
-    assert encoder._micro_batches((3, 70, 96), None) == 2
+    assert count((1, 70, 96), False) == 1
+    assert count((3, 70, 96), None) == 2
     # No more than one slice a sample.
     _micro_batching_here(monkeypatch, min_tokens=1, max_elements=1)
-    assert encoder._micro_batches((3, 70, 96), None) == 3
+    assert count((3, 70, 96), None) == 3
     # math.inf: two halves at most.
     _micro_batching_here(monkeypatch, min_tokens=1, max_elements=math.inf)
-    assert encoder._micro_batches((128, 81, 128), False) == 2
+    assert count((128, 81, 128), False) == 2
 
 
 def test_drop_path_changes_training_output_only(rng):

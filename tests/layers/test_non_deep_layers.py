@@ -8,6 +8,7 @@ from keras import ops
 from keras_jumbo.layers import BlockwiseMHSA
 from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import ProgressiveJoin
+from keras_jumbo.layers import _micro_batch
 from keras_jumbo.layers.blockwise_mhsa import pairwise_cosine_squared
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
@@ -171,6 +172,34 @@ def test_parallel_branch_block_matches_reference(rng):
         joined = pre[b] + lam * sum(pre[c] for c in range(n) if c != b)
         out = out + reference.gelu(joined) @ w2[b] + b2[b]
     assert_allclose(block(x), x1 + out, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [3, 7])
+def test_parallel_branch_block_on_slices_is_the_whole_batch(
+    rng, monkeypatch, batch
+):
+    # Every backend: at inference a large batch runs on slices (here from
+    # 2 x 5 tokens, at most 2 samples a slice: 2 + 1, and for 7 a loop over
+    # one pair of 2 + 2, the rest 2 + 1), the same numbers as the whole.
+    monkeypatch.setattr(
+        _micro_batch,
+        "MICRO_BATCH_INFERENCE_BACKENDS",
+        (keras.backend.backend(),),
+    )
+    monkeypatch.setattr(_micro_batch, "MIN_MICRO_BATCH_TOKENS", 5)
+    monkeypatch.setattr(_micro_batch, "MAX_MICRO_BATCH_ELEMENTS", 2 * 5 * 8)
+    block = ParallelBranchBlock(num_heads=2, mlp_dim=12, num_branches=3)
+    x = rng.normal(size=(batch, 5, 8)).astype("float32")
+    block(x)
+    randomize_weights(block)
+    for join in (block.attention.join, block.mlp_join):
+        join.join_lambda.assign(0.3)
+    assert _micro_batch.micro_batches(x.shape, False) == (
+        2 if batch == 3 else 4
+    )
+    whole = block._forward(ops.convert_to_tensor(x), training=False)
+    assert_allclose(block(x, training=False), whole, atol=2e-5)
+    assert_allclose(block(x), whole, atol=2e-5)
 
 
 def test_diversity_loss_is_mean_squared_pairwise_cosine(rng):

@@ -1,0 +1,94 @@
+"""Inference on slices of a batch, for layers that act on each sample
+alone (`TransformerEncoder`'s chain of blocks, `ParallelBranchBlock`).
+
+On the backends in `MICRO_BATCH_INFERENCE_BACKENDS`, a call at inference
+on at least `2 * MIN_MICRO_BATCH_TOKENS` tokens (batch x length) runs on
+slices of the batch and concatenates the results: the same numbers (every
+sample on its own; tested), and independent chains of work. XLA's CPU
+runtime runs the attention's batched products, LayerNorms and slices on
+one thread each; two chains let one chain's single-threaded work overlap
+the other's two-threaded products. Smaller slices made the predict step
+slower (2-core CPU; benchmarks/README.md).
+
+Two halves, or, when a half would hold more than `MAX_MICRO_BATCH_ELEMENTS`
+numbers (tokens x width: nano at batch 128, ViT-Tiny at 224 px from batch
+32), an even number of slices run a pair at a time in a loop
+(`keras.ops.map`): every slice stays small enough for the caches, and the
+compiled step holds the work twice (the loop's pair, at most two more
+slices for the rest of the batch), whatever the batch. Two slices of
+64 x 70 x 128 numbers took 1.37x as long as four of 32 (nano, batch 128),
+ViT-Tiny at batch 64 1.46x as long as eight slices, the branchy Non-Deep
+ViT at batch 64 1.59x (benchmarks/README.md, twenty-first session).
+`MAX_MICRO_BATCH_ELEMENTS = math.inf`: two halves at most.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+MICRO_BATCH_INFERENCE_BACKENDS = ("jax",)
+INFERENCE_MICRO_BATCHES = 2
+MIN_MICRO_BATCH_TOKENS = 2048
+MAX_MICRO_BATCH_ELEMENTS = 3 * 2**17
+
+
+def micro_batches(input_shape, training):
+    """How many slices of a `(batch, length, width)` batch run as separate
+    chains (1: the whole batch at once)."""
+    batch, length, width = input_shape[0], input_shape[1], input_shape[-1]
+    if (
+        training
+        or batch is None
+        or length is None
+        or keras.backend.backend() not in MICRO_BATCH_INFERENCE_BACKENDS
+    ):
+        return 1
+    fitting = batch * length // MIN_MICRO_BATCH_TOKENS
+    if min(INFERENCE_MICRO_BATCHES, fitting, batch) < INFERENCE_MICRO_BATCHES:
+        return 1
+    numbers = batch * length * (width or 1)
+    pairs = math.ceil(numbers / (2 * MAX_MICRO_BATCH_ELEMENTS))
+    return min(batch, INFERENCE_MICRO_BATCHES * max(1, pairs))
+
+
+def run_in_slices(fn, inputs, training):
+    """`fn(inputs)` for an `fn` that acts on each sample alone, run on the
+    `micro_batches` slices of `inputs` (the same numbers)."""
+    slices = micro_batches(inputs.shape, training)
+    if slices == 1:
+        return fn(inputs)
+    batch = inputs.shape[0]
+    size = -(-batch // slices)
+    if slices == 2:
+        return _consecutive(fn, inputs, size)
+    # Whole pairs of slices in a loop, the rest (fewer than two slices'
+    # worth) in at most two more slices.
+    pair = 2 * size
+    pairs = batch // pair
+    looped = pairs * pair
+    outputs = ops.map(
+        lambda x: _consecutive(fn, x, size),
+        ops.reshape(inputs[:looped], (pairs, pair) + tuple(inputs.shape[1:])),
+    )
+    outputs = [ops.reshape(outputs, (looped,) + tuple(outputs.shape[2:]))]
+    rest = batch - looped
+    if rest:
+        rest_slices = micro_batches((rest,) + tuple(inputs.shape[1:]), training)
+        outputs.append(
+            _consecutive(fn, inputs[looped:], -(-rest // min(rest_slices, 2)))
+        )
+    return ops.concatenate(outputs, axis=0)
+
+
+def _consecutive(fn, inputs, size):
+    """`fn` on consecutive slices of `size` samples, concatenated."""
+    if size >= inputs.shape[0]:
+        return fn(inputs)
+    return ops.concatenate(
+        [
+            fn(inputs[start : start + size])
+            for start in range(0, inputs.shape[0], size)
+        ],
+        axis=0,
+    )
