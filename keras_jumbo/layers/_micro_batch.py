@@ -14,11 +14,12 @@ Two halves, or, when a half would hold more than `MAX_MICRO_BATCH_ELEMENTS`
 numbers (tokens x width: nano at batch 128, ViT-Tiny at 224 px from batch
 32), an even number of slices run a pair at a time in a loop
 (`keras.ops.map`): every slice stays small enough for the caches, and the
-compiled step holds the work twice (the loop's pair, at most two more
-slices for the rest of the batch), whatever the batch. Two slices of
-64 x 70 x 128 numbers took 1.37x as long as four of 32 (nano, batch 128),
-ViT-Tiny at batch 64 1.46x as long as eight slices, the branchy Non-Deep
-ViT at batch 64 1.59x (benchmarks/README.md, twenty-first session).
+compiled step holds the work at most four times (the loop's pair, and at
+most two more slices for the rest of the batch), whatever the batch. Two
+slices of 64 x 70 x 128 numbers took 1.37x as long as four of 32 (nano,
+batch 128), ViT-Tiny at batch 64 1.46x as long as eight slices, the
+branchy Non-Deep ViT at batch 64 1.61x (benchmarks/README.md,
+twenty-first session).
 `MAX_MICRO_BATCH_ELEMENTS = math.inf`: two halves at most.
 """
 
