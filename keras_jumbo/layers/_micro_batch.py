@@ -29,7 +29,6 @@ import keras
 from keras import ops
 
 MICRO_BATCH_INFERENCE_BACKENDS = ("jax",)
-INFERENCE_MICRO_BATCHES = 2
 MIN_MICRO_BATCH_TOKENS = 2048
 MAX_MICRO_BATCH_ELEMENTS = 3 * 2**17
 
@@ -45,12 +44,11 @@ def micro_batches(input_shape, training):
         or keras.backend.backend() not in MICRO_BATCH_INFERENCE_BACKENDS
     ):
         return 1
-    fitting = batch * length // MIN_MICRO_BATCH_TOKENS
-    if min(INFERENCE_MICRO_BATCHES, fitting, batch) < INFERENCE_MICRO_BATCHES:
+    if batch < 2 or batch * length < 2 * MIN_MICRO_BATCH_TOKENS:
         return 1
     numbers = batch * length * (width or 1)
     pairs = math.ceil(numbers / (2 * MAX_MICRO_BATCH_ELEMENTS))
-    return min(batch, INFERENCE_MICRO_BATCHES * max(1, pairs))
+    return min(batch, 2 * max(1, pairs))
 
 
 def run_in_slices(fn, inputs, training):
@@ -75,10 +73,9 @@ def run_in_slices(fn, inputs, training):
     outputs = [ops.reshape(outputs, (looped,) + tuple(outputs.shape[2:]))]
     rest = batch - looped
     if rest:
-        rest_slices = micro_batches((rest,) + tuple(inputs.shape[1:]), training)
-        outputs.append(
-            _consecutive(fn, inputs[looped:], -(-rest // min(rest_slices, 2)))
-        )
+        halves = micro_batches((rest,) + tuple(inputs.shape[1:]), training) > 1
+        rest_size = -(-rest // 2) if halves else rest
+        outputs.append(_consecutive(fn, inputs[looped:], rest_size))
     return ops.concatenate(outputs, axis=0)
 
 

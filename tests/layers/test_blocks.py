@@ -17,6 +17,7 @@ from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
 from tests.layers import reference
+from tests.layers.micro_batching import micro_batching_here
 
 
 def reference_plain_block(x, block):
@@ -249,21 +250,6 @@ def test_encoder_of_plain_blocks_is_the_blocks_in_order(rng):
     assert encoder.depth == 3
 
 
-def _micro_batching_here(monkeypatch, min_tokens, max_elements=None):
-    """Micro-batching on this backend, from `min_tokens` tokens a slice
-    (and at most `max_elements` numbers a slice, if given)."""
-    monkeypatch.setattr(
-        _micro_batch,
-        "MICRO_BATCH_INFERENCE_BACKENDS",
-        (keras.backend.backend(),),
-    )
-    monkeypatch.setattr(_micro_batch, "MIN_MICRO_BATCH_TOKENS", min_tokens)
-    if max_elements is not None:
-        monkeypatch.setattr(
-            _micro_batch, "MAX_MICRO_BATCH_ELEMENTS", max_elements
-        )
-
-
 @pytest.mark.parametrize("kind", ["jumbo", "patchtst"])
 @pytest.mark.parametrize(
     "batch, slices",
@@ -282,7 +268,7 @@ def test_encoder_micro_batches_are_the_whole_batch(
     # carried within each slice. A slice holds at most 2 samples' numbers
     # (2 x 6 x 8), so from 5 samples on the batch is cut into an even
     # number of slices run a pair at a time (`keras.ops.map`).
-    _micro_batching_here(monkeypatch, min_tokens=3, max_elements=2 * 6 * 8)
+    micro_batching_here(monkeypatch, min_tokens=3, max_elements=2 * 6 * 8)
     if kind == "jumbo":
         encoder = shared_lora_encoder()
     else:
@@ -312,14 +298,14 @@ def test_micro_batches_only_for_large_inference_on_jax(monkeypatch):
     assert count((64, 70, 96), True) == 1
     assert count((32, 70, 96), False) == 1
     assert count((None, 70, 96), False) == 1
-    _micro_batching_here(monkeypatch, min_tokens=1)
+    micro_batching_here(monkeypatch, min_tokens=1)
     assert count((1, 70, 96), False) == 1
     assert count((3, 70, 96), None) == 2
     # No more than one slice a sample.
-    _micro_batching_here(monkeypatch, min_tokens=1, max_elements=1)
+    micro_batching_here(monkeypatch, min_tokens=1, max_elements=1)
     assert count((3, 70, 96), None) == 3
     # math.inf: two halves at most.
-    _micro_batching_here(monkeypatch, min_tokens=1, max_elements=math.inf)
+    micro_batching_here(monkeypatch, min_tokens=1, max_elements=math.inf)
     assert count((128, 81, 128), False) == 2
 
 

@@ -14,6 +14,7 @@ from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
 from tests.layers import reference
+from tests.layers.micro_batching import micro_batching_here
 from tests.layers.reference import value
 
 
@@ -181,13 +182,7 @@ def test_parallel_branch_block_on_slices_is_the_whole_batch(
     # Every backend: at inference a large batch runs on slices (here from
     # 2 x 5 tokens, at most 2 samples a slice: 2 + 1, and for 7 a loop over
     # one pair of 2 + 2, the rest 2 + 1), the same numbers as the whole.
-    monkeypatch.setattr(
-        _micro_batch,
-        "MICRO_BATCH_INFERENCE_BACKENDS",
-        (keras.backend.backend(),),
-    )
-    monkeypatch.setattr(_micro_batch, "MIN_MICRO_BATCH_TOKENS", 5)
-    monkeypatch.setattr(_micro_batch, "MAX_MICRO_BATCH_ELEMENTS", 2 * 5 * 8)
+    micro_batching_here(monkeypatch, min_tokens=5, max_elements=2 * 5 * 8)
     block = ParallelBranchBlock(num_heads=2, mlp_dim=12, num_branches=3)
     x = rng.normal(size=(batch, 5, 8)).astype("float32")
     block(x)
