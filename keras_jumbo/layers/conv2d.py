@@ -11,8 +11,13 @@ from keras_jumbo._torch_kernels import linear
 # 3-channel stride-2 convolution at ~5 GFLOP/s. As matmuls of shifted
 # slices, both gradients are plain `xᵀ·g` matmuls (benchmarks/README.md,
 # "Every model's step in wall time; ViT-Res's 3x3 convolutions as
-# matmuls"). TensorFlow and PyTorch keep their convolution kernels (with
-# XLA, TensorFlow's ViT-Res step was slower this way: 658 vs 625 ms).
+# matmuls"). That form is for training only: at inference (no gradient)
+# XLA's own convolution is faster (ViT-Res-Tiny predict step, 224 px: 144
+# -> 120 ms at batch 8, 261 -> 230 ms at batch 16; benchmarks/README.md,
+# twenty-second session), so a
+# call with `training` false or None keeps it. TensorFlow and PyTorch keep
+# their convolution kernels (with XLA, TensorFlow's ViT-Res step was slower
+# this way: 658 vs 625 ms).
 SHIFTED_MATMUL_BACKENDS = ("jax",)
 
 # Kernels of at most this many taps (3x3) are computed as shifted matmuls.
@@ -72,30 +77,40 @@ def shifted_matmul_conv2d(inputs, kernel, strides):
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class Conv2D(keras.layers.Conv2D):
     """`keras.layers.Conv2D` (same arguments, weights, config and
-    function) whose small kernels run as matmuls on JAX.
+    function) whose small kernels train as matmuls on JAX.
 
-    On `SHIFTED_MATMUL_BACKENDS` (JAX), a channels-last convolution with
-    `padding="valid"`, no dilation, one group, at most `MAX_SHIFTED_TAPS`
-    taps (3x3) and a static input size is `shifted_matmul_conv2d`: the
-    same linear map, computed as matmuls of strided slices, whose kernel
-    gradient XLA computes as plain matmuls instead of an image-sized
-    convolution window (ViT-Res-Tiny, batch 8, JAX train step on 2 CPU
-    cores: median 765 -> 699 ms; ViT-ResNAS-Tiny 804 -> 734 ms;
-    benchmarks/README.md). Every other case, and every other backend, is
-    Keras' convolution.
+    On `SHIFTED_MATMUL_BACKENDS` (JAX), a call with `training=True` of a
+    channels-last convolution with `padding="valid"`, no dilation, one
+    group, at most `MAX_SHIFTED_TAPS` taps (3x3) and a static input size
+    is `shifted_matmul_conv2d`: the same linear map, computed as matmuls of
+    strided slices, whose kernel gradient XLA computes as plain matmuls
+    instead of an image-sized convolution window (ViT-Res-Tiny, batch 8,
+    JAX train step on 2 CPU cores: median 765 -> 699 ms; ViT-ResNAS-Tiny
+    804 -> 734 ms; benchmarks/README.md). At inference (`training` false
+    or None: `predict`, a plain call) it is Keras' convolution, which XLA
+    runs faster without a gradient (ViT-Res-Tiny predict step at 224 px:
+    144 -> 120 ms at batch 8, 261 -> 230 ms at batch 16). Every other
+    case, and every other backend, is Keras' convolution. A gradient
+    taken through a call at inference is still correct, only slower.
 
     The library's 3x3 convolutions (ViT-Res stem, `ResidualSpatialReduction`)
     are this layer; the patch embeddings (kernel = stride = patch) keep
     Keras' layer. Values equal Keras' to float rounding (the sums run in
     another order; tests compare to 1e-5).
 
+    Call arguments:
+        inputs: as `keras.layers.Conv2D`.
+        training: bool or None; `True` selects the shifted matmuls on JAX.
+
     Example:
     >>> layer = Conv2D(4, 3, strides=2)
-    >>> layer(np.zeros((2, 9, 9, 3))).shape
+    >>> layer(np.zeros((2, 9, 9, 3)), training=True).shape
     (2, 4, 4, 4)
     """
 
-    def _uses_shifted_matmul(self, inputs, kernel):
+    def _uses_shifted_matmul(self, inputs, training):
+        if not training:
+            return False
         if keras.backend.backend() not in SHIFTED_MATMUL_BACKENDS:
             return False
         if (
@@ -105,7 +120,7 @@ class Conv2D(keras.layers.Conv2D):
             or tuple(self.dilation_rate) != (1, 1)
         ):
             return False
-        kh, kw = kernel.shape[:2]
+        kh, kw = self.kernel_size
         spatial = tuple(inputs.shape[1:])
         if kh * kw > MAX_SHIFTED_TAPS or not all(
             isinstance(d, int) for d in spatial
@@ -113,8 +128,13 @@ class Conv2D(keras.layers.Conv2D):
             return False
         return spatial[0] >= kh and spatial[1] >= kw
 
-    def convolution_op(self, inputs, kernel):
-        if not self._uses_shifted_matmul(inputs, kernel):
-            return super().convolution_op(inputs, kernel)
-        kernel = ops.cast(kernel, inputs.dtype)
-        return shifted_matmul_conv2d(inputs, kernel, tuple(self.strides))
+    def call(self, inputs, training=None):
+        if not self._uses_shifted_matmul(inputs, training):
+            return super().call(inputs)
+        kernel = ops.cast(self.kernel, inputs.dtype)
+        outputs = shifted_matmul_conv2d(inputs, kernel, tuple(self.strides))
+        if self.use_bias:
+            outputs = outputs + ops.cast(self.bias, outputs.dtype)
+        if self.activation is not None:
+            return self.activation(outputs)
+        return outputs

@@ -1,5 +1,5 @@
 """`keras_jumbo.layers.Conv2D`: Keras' Conv2D, with small kernels as
-matmuls of shifted slices on JAX (`SHIFTED_MATMUL_BACKENDS`)."""
+matmuls of shifted slices when training on JAX (`SHIFTED_MATMUL_BACKENDS`)."""
 
 import keras
 import numpy as np
@@ -94,18 +94,26 @@ def _pair(rng, shape, **kwargs):
     ],
 )
 @pytest.mark.parametrize("channels", [3, 12])
-def test_layer_equals_keras_conv2d(rng, kwargs, channels):
+@pytest.mark.parametrize("training", [None, False, True])
+def test_layer_equals_keras_conv2d(rng, kwargs, channels, training):
+    """In training (the shifted matmuls on JAX) and at inference (Keras'
+    convolution) alike."""
     shape = (2, 12, 12, channels)
     ours, theirs = _pair(rng, shape, **kwargs)
     x = rng.normal(size=shape).astype("float32")
-    assert_allclose(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    expected = theirs(x)
+    assert_allclose(ours(x, training=training), expected, atol=1e-5, rtol=1e-5)
     config = {**ours.get_config(), "name": theirs.name}
     assert config == theirs.get_config()
 
 
-def test_small_kernels_skip_keras_convolution_on_jax(rng, monkeypatch):
-    """On JAX a 3x3 valid convolution never reaches `ops.conv`; a `"same"`
-    one does (and every convolution does on the other backends)."""
+@pytest.mark.parametrize("training", [None, False, True])
+def test_small_kernels_train_without_keras_convolution_on_jax(
+    rng, monkeypatch, training
+):
+    """On JAX a 3x3 valid convolution in training never reaches `ops.conv`;
+    at inference it does, and so does a `"same"` one (and every
+    convolution on the other backends)."""
     import keras.src.ops as keras_ops
 
     calls = []
@@ -117,10 +125,35 @@ def test_small_kernels_skip_keras_convolution_on_jax(rng, monkeypatch):
 
     monkeypatch.setattr(keras_ops, "conv", counting_conv)
     x = rng.normal(size=(2, 9, 9, 4)).astype("float32")
-    Conv2D(3, 3, strides=2)(x)
-    assert calls == ([] if SHIFTED else ["valid"])
-    Conv2D(3, 3, padding="same")(x)
+    Conv2D(3, 3, strides=2)(x, training=training)
+    assert calls == ([] if SHIFTED and training else ["valid"])
+    Conv2D(3, 3, padding="same")(x, training=training)
     assert calls[-1] == "same"
+
+
+def test_fit_trains_through_the_shifted_matmuls(rng, monkeypatch):
+    """In a model, Keras hands `training` to the layer: `fit` runs the
+    shifted matmuls on JAX, `predict` and a plain call do not."""
+    import keras_jumbo.layers.conv2d as conv2d_module
+
+    calls = []
+    shifted = conv2d_module.shifted_matmul_conv2d
+
+    def counting(*args):
+        calls.append(1)
+        return shifted(*args)
+
+    monkeypatch.setattr(conv2d_module, "shifted_matmul_conv2d", counting)
+    inputs = keras.Input((9, 9, 4))
+    outputs = keras.layers.Flatten()(Conv2D(3, 3, strides=2)(inputs))
+    model = keras.Model(inputs, outputs)
+    x = rng.normal(size=(4, 9, 9, 4)).astype("float32")
+    model.predict(x, verbose=0)
+    model(x)
+    assert calls == []
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, np.zeros((4, 48), "float32"), epochs=1, verbose=0)
+    assert bool(calls) == SHIFTED
 
 
 @pytest.mark.parametrize("channels", [3, 12])
