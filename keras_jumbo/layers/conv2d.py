@@ -11,13 +11,15 @@ from keras_jumbo._torch_kernels import linear
 # 3-channel stride-2 convolution at ~5 GFLOP/s. As matmuls of shifted
 # slices, both gradients are plain `xᵀ·g` matmuls (benchmarks/README.md,
 # "Every model's step in wall time; ViT-Res's 3x3 convolutions as
-# matmuls"). That form is for training only: at inference (no gradient)
-# XLA's own convolution is faster (ViT-Res-Tiny predict step, 224 px: 144
-# -> 120 ms at batch 8, 261 -> 230 ms at batch 16; benchmarks/README.md,
-# twenty-second session), so a
-# call with `training` false or None keeps it. TensorFlow and PyTorch keep
-# their convolution kernels (with XLA, TensorFlow's ViT-Res step was slower
-# this way: 658 vs 625 ms).
+# matmuls"). At inference (no gradient) XLA's own convolution is faster
+# for the nine-matmul form, and far slower for a narrow input's one
+# gathered matmul (3 channels: ~5 GFLOP/s, 52 ms against ~5 ms for
+# ViT-Res-Tiny's first stem convolution at batch 16), so a call with
+# `training` false or None keeps the gathered matmul and is otherwise
+# XLA's convolution (ViT-Res-Tiny predict step, 224 px: 1.44x at batch 8,
+# 1.34-1.36x at 16; benchmarks/README.md, twenty-second session).
+# TensorFlow and PyTorch keep their convolution kernels (with XLA,
+# TensorFlow's ViT-Res step was slower this way: 658 vs 625 ms).
 SHIFTED_MATMUL_BACKENDS = ("jax",)
 
 # Kernels of at most this many taps (3x3) are computed as shifted matmuls.
@@ -87,11 +89,14 @@ class Conv2D(keras.layers.Conv2D):
     instead of an image-sized convolution window (ViT-Res-Tiny, batch 8,
     JAX train step on 2 CPU cores: median 765 -> 699 ms; ViT-ResNAS-Tiny
     804 -> 734 ms; benchmarks/README.md). At inference (`training` false
-    or None: `predict`, a plain call) it is Keras' convolution, which XLA
-    runs faster without a gradient (ViT-Res-Tiny predict step at 224 px:
-    144 -> 120 ms at batch 8, 261 -> 230 ms at batch 16). Every other
-    case, and every other backend, is Keras' convolution. A gradient
-    taken through a call at inference is still correct, only slower.
+    or None: `predict`, a plain call) only an input narrower than
+    `IM2COL_MAX_CHANNELS` keeps that form (its taps gathered into one
+    matmul, ~10x faster than XLA's convolution of 3 channels); a wider
+    one is Keras' convolution, which XLA runs faster without a gradient
+    (ViT-Res-Tiny predict step at 224 px: 1.44x at batch 8 with both).
+    Every other case, and every other backend, is Keras' convolution. A
+    gradient taken through a call at inference is still correct, only
+    slower.
 
     The library's 3x3 convolutions (ViT-Res stem, `ResidualSpatialReduction`)
     are this layer; the patch embeddings (kernel = stride = patch) keep
@@ -100,7 +105,8 @@ class Conv2D(keras.layers.Conv2D):
 
     Call arguments:
         inputs: as `keras.layers.Conv2D`.
-        training: bool or None; `True` selects the shifted matmuls on JAX.
+        training: bool or None; `True` selects the shifted matmuls on JAX
+            (which a narrow input uses in either case).
 
     Example:
     >>> layer = Conv2D(4, 3, strides=2)
@@ -109,7 +115,10 @@ class Conv2D(keras.layers.Conv2D):
     """
 
     def _uses_shifted_matmul(self, inputs, training):
-        if not training:
+        channels = inputs.shape[-1]
+        if not training and not (
+            isinstance(channels, int) and channels < IM2COL_MAX_CHANNELS
+        ):
             return False
         if keras.backend.backend() not in SHIFTED_MATMUL_BACKENDS:
             return False

@@ -107,13 +107,15 @@ def test_layer_equals_keras_conv2d(rng, kwargs, channels, training):
     assert config == theirs.get_config()
 
 
+@pytest.mark.parametrize("channels", [4, 12])
 @pytest.mark.parametrize("training", [None, False, True])
-def test_small_kernels_train_without_keras_convolution_on_jax(
-    rng, monkeypatch, training
+def test_small_kernels_skip_keras_convolution_on_jax(
+    rng, monkeypatch, channels, training
 ):
-    """On JAX a 3x3 valid convolution in training never reaches `ops.conv`;
-    at inference it does, and so does a `"same"` one (and every
-    convolution on the other backends)."""
+    """On JAX a 3x3 valid convolution never reaches `ops.conv` in training,
+    nor at inference on a narrow input (fewer than IM2COL_MAX_CHANNELS
+    channels: one gathered matmul); a wide one does at inference, and so
+    does a `"same"` one (and every convolution on the other backends)."""
     import keras.src.ops as keras_ops
 
     calls = []
@@ -124,16 +126,18 @@ def test_small_kernels_train_without_keras_convolution_on_jax(
         return conv(*args, **kwargs)
 
     monkeypatch.setattr(keras_ops, "conv", counting_conv)
-    x = rng.normal(size=(2, 9, 9, 4)).astype("float32")
+    x = rng.normal(size=(2, 9, 9, channels)).astype("float32")
     Conv2D(3, 3, strides=2)(x, training=training)
-    assert calls == ([] if SHIFTED and training else ["valid"])
+    shifted = SHIFTED and (training or channels < IM2COL_MAX_CHANNELS)
+    assert calls == ([] if shifted else ["valid"])
     Conv2D(3, 3, padding="same")(x, training=training)
     assert calls[-1] == "same"
 
 
 def test_fit_trains_through_the_shifted_matmuls(rng, monkeypatch):
-    """In a model, Keras hands `training` to the layer: `fit` runs the
-    shifted matmuls on JAX, `predict` and a plain call do not."""
+    """In a model, Keras hands `training` to the layer: on JAX `fit` runs
+    the shifted matmuls of a wide input, `predict` and a plain call do
+    not."""
     import keras_jumbo.layers.conv2d as conv2d_module
 
     calls = []
@@ -144,10 +148,11 @@ def test_fit_trains_through_the_shifted_matmuls(rng, monkeypatch):
         return shifted(*args)
 
     monkeypatch.setattr(conv2d_module, "shifted_matmul_conv2d", counting)
-    inputs = keras.Input((9, 9, 4))
+    channels = IM2COL_MAX_CHANNELS + 4
+    inputs = keras.Input((9, 9, channels))
     outputs = keras.layers.Flatten()(Conv2D(3, 3, strides=2)(inputs))
     model = keras.Model(inputs, outputs)
-    x = rng.normal(size=(4, 9, 9, 4)).astype("float32")
+    x = rng.normal(size=(4, 9, 9, channels)).astype("float32")
     model.predict(x, verbose=0)
     model(x)
     assert calls == []
