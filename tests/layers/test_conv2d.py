@@ -1,5 +1,6 @@
 """`keras_jumbo.layers.Conv2D`: Keras' Conv2D, with small kernels as
-matmuls of shifted slices when training on JAX (`SHIFTED_MATMUL_BACKENDS`)."""
+matmuls of shifted slices on JAX (`SHIFTED_MATMUL_BACKENDS`) in training,
+and for narrow inputs at inference too."""
 
 import keras
 import numpy as np
@@ -97,7 +98,7 @@ def _pair(rng, shape, **kwargs):
 @pytest.mark.parametrize("training", [None, False, True])
 def test_layer_equals_keras_conv2d(rng, kwargs, channels, training):
     """In training (the shifted matmuls on JAX) and at inference (Keras'
-    convolution) alike."""
+    convolution, or the gathered matmul of a narrow input) alike."""
     shape = (2, 12, 12, channels)
     ours, theirs = _pair(rng, shape, **kwargs)
     x = rng.normal(size=shape).astype("float32")
