@@ -1,6 +1,6 @@
-"""`keras_jumbo.layers.Conv2D`: Keras' Conv2D, with small kernels as
-matmuls of shifted slices on JAX (`SHIFTED_MATMUL_BACKENDS`) in training,
-and for narrow inputs at inference too."""
+"""`keras_jumbo.layers.Conv2D`: Keras' Conv2D, with small kernels on JAX
+(`MATMUL_CONV_BACKENDS`) as one gathered matmul for narrow inputs and, in
+training, with their kernel gradient written out as matmuls."""
 
 import keras
 import numpy as np
@@ -11,15 +11,21 @@ from keras_jumbo._keras_internals import sublayers
 from keras_jumbo.layers import Conv2D
 from keras_jumbo.layers import ResidualSpatialReduction
 from keras_jumbo.layers.conv2d import IM2COL_MAX_CHANNELS
-from keras_jumbo.layers.conv2d import SHIFTED_MATMUL_BACKENDS
-from keras_jumbo.layers.conv2d import shifted_matmul_conv2d
+from keras_jumbo.layers.conv2d import MATMUL_CONV_BACKENDS
+from keras_jumbo.layers.conv2d import conv2d_with_matmul_kernel_gradient
+from keras_jumbo.layers.conv2d import im2col_conv2d
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import run_layer_test
 
-SHIFTED = keras.backend.backend() in SHIFTED_MATMUL_BACKENDS
+MATMUL = keras.backend.backend() in MATMUL_CONV_BACKENDS
+# Backends whose `keras.ops.custom_gradient` carries a Keras variable's
+# gradient in a Keras train step (on PyTorch: "element 0 of tensors does
+# not require grad"). The layer uses the written-out gradient on
+# MATMUL_CONV_BACKENDS (JAX) only.
+CUSTOM_GRADIENT = keras.backend.backend() in ("jax", "tensorflow")
 
-# (input (batch, H, W, C), kernel size, strides, filters): both paths
-# (channels below IM2COL_MAX_CHANNELS gather their taps into one matmul),
+# (input (batch, H, W, C), kernel size, strides, filters): narrow and wide
+# inputs (channels below IM2COL_MAX_CHANNELS take the gathered matmul),
 # strides that leave input rows unused, non-square kernels and strides.
 CASES = [
     ((2, 11, 11, 3), (3, 3), (2, 2), 6),
@@ -43,32 +49,131 @@ def test_both_paths_are_exercised():
 
 
 @pytest.mark.parametrize("shape,kernel_size,strides,filters", CASES)
-def test_shifted_matmul_conv2d_is_the_convolution(
-    rng, shape, kernel_size, strides, filters
+@pytest.mark.parametrize(
+    "function", [im2col_conv2d, conv2d_with_matmul_kernel_gradient]
+)
+def test_matmul_convolutions_are_the_convolution(
+    rng, shape, kernel_size, strides, filters, function
 ):
-    """On every backend (the function is keras.ops): equal to
+    """On every backend (the functions are keras.ops): equal to
     `ops.conv(..., padding="valid")` and to the convolution sum written
     out in numpy."""
     x, kernel = _conv_inputs(rng, shape, kernel_size, filters)
-    y = keras.ops.convert_to_numpy(shifted_matmul_conv2d(x, kernel, strides))
+    y = keras.ops.convert_to_numpy(function(x, kernel, strides))
     expected = keras.ops.convert_to_numpy(
         keras.ops.conv(x, kernel, strides=strides, padding="valid")
     )
+    by_hand = _by_hand(x, kernel, strides)
+    assert y.shape == expected.shape == by_hand.shape
+    assert_allclose(y, expected, atol=1e-5, rtol=1e-5)
+    assert_allclose(y, by_hand, atol=1e-5, rtol=1e-5)
+
+
+def _windows(x, kernel_size, strides):
+    """`(batch, rows, cols, kh, kw, in)`: the input window of each output
+    position of a valid convolution."""
     kh, kw = kernel_size
-    rows = (shape[1] - kh) // strides[0] + 1
-    cols = (shape[2] - kw) // strides[1] + 1
-    by_hand = np.zeros((shape[0], rows, cols, filters), "float64")
+    rows = (x.shape[1] - kh) // strides[0] + 1
+    cols = (x.shape[2] - kw) // strides[1] + 1
+    out = np.zeros((x.shape[0], rows, cols, kh, kw, x.shape[-1]), "float64")
     for r in range(rows):
         for c in range(cols):
-            window = x[
+            out[:, r, c] = x[
                 :,
                 r * strides[0] : r * strides[0] + kh,
                 c * strides[1] : c * strides[1] + kw,
             ]
-            by_hand[:, r, c] = np.einsum("bijc,ijco->bo", window, kernel)
-    assert y.shape == expected.shape == by_hand.shape
-    assert_allclose(y, expected, atol=1e-5, rtol=1e-5)
-    assert_allclose(y, by_hand, atol=1e-5, rtol=1e-5)
+    return out
+
+
+def _by_hand(x, kernel, strides):
+    windows = _windows(x, kernel.shape[:2], strides)
+    return np.einsum("brcijk,ijko->brco", windows, kernel)
+
+
+class _Convolution(keras.layers.Layer):
+    """`function(x, kernel, strides)` with its own kernel, for a step."""
+
+    def __init__(self, function, kernel, strides, **kwargs):
+        super().__init__(**kwargs)
+        self.function = function
+        self.initial = kernel
+        self.strides = strides
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(
+            self.initial.shape,
+            initializer=keras.initializers.Constant(self.initial),
+            name="kernel",
+        )
+
+    def call(self, x):
+        return self.function(x, self.kernel, self.strides)
+
+
+def _keras_convolution(x, kernel, strides):
+    return keras.ops.conv(x, kernel, strides, padding="valid")
+
+
+@pytest.mark.skipif(
+    not CUSTOM_GRADIENT, reason="custom_gradient in a Keras train step"
+)
+@pytest.mark.parametrize(
+    "shape,strides",
+    [((5, 9, 9, 8), (1, 1)), ((5, 10, 11, 9), (2, 2)), ((3, 9, 8, 10), (2, 1))],
+)
+@pytest.mark.parametrize("chunked", [False, True])
+def test_matmul_kernel_gradient_equals_the_formula(
+    rng, monkeypatch, shape, strides, chunked
+):
+    """One SGD step (lr 1, sum of `y * target`) of the convolution alone:
+    the kernel moves by minus the summed outer products of each output's
+    input window and `target` (the formula, in numpy), and, behind a
+    per-pixel Dense, every weight equals the same model with
+    `ops.conv`'s autodiff (so the input gradient too). Input rows the
+    strides leave unused (10 rows at stride 2) get a zero input gradient
+    through the transposed convolution's output padding. `chunked`: the
+    kernel gradient in chunks of two samples and a remainder of one."""
+    import keras_jumbo.layers.conv2d as conv2d_module
+
+    if chunked:
+        sample_bytes = 4 * int(np.prod(shape[1:]))
+        monkeypatch.setattr(
+            conv2d_module, "KERNEL_GRADIENT_CHUNK_BYTES", 2 * sample_bytes
+        )
+    x = rng.normal(size=shape).astype("float32")
+    kernel = (rng.normal(size=(3, 3, shape[-1], 4)) * 0.3).astype("float32")
+    target = rng.normal(size=_by_hand(x, kernel, strides).shape)
+
+    def weights_after_step(function, dense_first):
+        inputs = keras.Input(shape[1:])
+        h = inputs
+        if dense_first:
+            h = keras.layers.Dense(
+                shape[-1],
+                kernel_initializer=keras.initializers.Constant(
+                    np.eye(shape[-1]) + rng_dense
+                ),
+            )(h)
+        outputs = _Convolution(function, kernel, strides)(h)
+        model = keras.Model(inputs, outputs)
+        model.compile(
+            optimizer=keras.optimizers.SGD(1.0),
+            loss=lambda t, y: keras.ops.sum(t * y),
+        )
+        model.train_on_batch(x, target.astype("float32"))
+        return [np.asarray(w) for w in model.get_weights()]
+
+    rng_dense = rng.normal(size=(shape[-1], shape[-1])) * 0.1
+    (after,) = weights_after_step(conv2d_with_matmul_kernel_gradient, False)
+    gradient = np.einsum(
+        "brcijk,brco->ijko", _windows(x, (3, 3), strides), target
+    )
+    assert_allclose(after, kernel - gradient, atol=1e-4, rtol=1e-5)
+    got = weights_after_step(conv2d_with_matmul_kernel_gradient, True)
+    want = weights_after_step(_keras_convolution, True)
+    for a, b in zip(got, want, strict=True):
+        assert_allclose(a, b, atol=1e-4, rtol=1e-5)
 
 
 def _pair(rng, shape, **kwargs):
@@ -97,8 +202,8 @@ def _pair(rng, shape, **kwargs):
 @pytest.mark.parametrize("channels", [3, 12])
 @pytest.mark.parametrize("training", [None, False, True])
 def test_layer_equals_keras_conv2d(rng, kwargs, channels, training):
-    """In training (the shifted matmuls on JAX) and at inference (Keras'
-    convolution, or the gathered matmul of a narrow input) alike."""
+    """In training (on JAX: the gathered matmul of a narrow input, the
+    written-out gradient's forward pass) and at inference alike."""
     shape = (2, 12, 12, channels)
     ours, theirs = _pair(rng, shape, **kwargs)
     x = rng.normal(size=shape).astype("float32")
@@ -108,16 +213,12 @@ def test_layer_equals_keras_conv2d(rng, kwargs, channels, training):
     assert config == theirs.get_config()
 
 
-@pytest.mark.parametrize("channels", [4, 12])
-@pytest.mark.parametrize("training", [None, False, True])
-def test_small_kernels_skip_keras_convolution_on_jax(
-    rng, monkeypatch, channels, training
-):
-    """On JAX a 3x3 valid convolution never reaches `ops.conv` in training,
-    nor at inference on a narrow input (fewer than IM2COL_MAX_CHANNELS
-    channels: one gathered matmul); a wide one does at inference, and so
-    does a `"same"` one (and every convolution on the other backends)."""
+def _spy(monkeypatch):
+    """Record which of the module's convolutions each call runs: the name
+    of a matmul form, or `ops.conv`'s padding (Keras' convolution)."""
     import keras.src.ops as keras_ops
+
+    import keras_jumbo.layers.conv2d as conv2d_module
 
     calls = []
     conv = keras_ops.conv
@@ -126,29 +227,49 @@ def test_small_kernels_skip_keras_convolution_on_jax(
         calls.append(kwargs.get("padding"))
         return conv(*args, **kwargs)
 
+    def counting(function):
+        def wrapper(*args):
+            calls.append(function.__name__)
+            return function(*args)
+
+        return wrapper
+
     monkeypatch.setattr(keras_ops, "conv", counting_conv)
+    for name in ("im2col_conv2d", "conv2d_with_matmul_kernel_gradient"):
+        function = getattr(conv2d_module, name)
+        monkeypatch.setattr(conv2d_module, name, counting(function))
+    return calls
+
+
+@pytest.mark.parametrize("channels", [4, 12])
+@pytest.mark.parametrize("training", [None, False, True])
+def test_which_convolution_runs(rng, monkeypatch, channels, training):
+    """On JAX a narrow 3x3 valid convolution (fewer than
+    IM2COL_MAX_CHANNELS channels) is one gathered matmul, a wide one in
+    training XLA's convolution with the written-out gradient, at
+    inference Keras' convolution; a `"same"` one (and every convolution
+    on the other backends) is Keras' convolution."""
+    calls = _spy(monkeypatch)
     x = rng.normal(size=(2, 9, 9, channels)).astype("float32")
     Conv2D(3, 3, strides=2)(x, training=training)
-    shifted = SHIFTED and (training or channels < IM2COL_MAX_CHANNELS)
-    assert calls == ([] if shifted else ["valid"])
+    if not MATMUL:
+        expected = ["valid"]
+    elif channels < IM2COL_MAX_CHANNELS:
+        expected = ["im2col_conv2d"]
+    elif training:
+        expected = ["conv2d_with_matmul_kernel_gradient"]
+    else:
+        expected = ["valid"]
+    assert calls == expected
     Conv2D(3, 3, padding="same")(x, training=training)
-    assert calls[-1] == "same"
+    assert calls[len(expected) :] == ["same"]
 
 
-def test_fit_trains_through_the_shifted_matmuls(rng, monkeypatch):
+def test_fit_trains_with_the_written_out_gradient(rng, monkeypatch):
     """In a model, Keras hands `training` to the layer: on JAX `fit` runs
-    the shifted matmuls of a wide input, `predict` and a plain call do
-    not."""
-    import keras_jumbo.layers.conv2d as conv2d_module
-
-    calls = []
-    shifted = conv2d_module.shifted_matmul_conv2d
-
-    def counting(*args):
-        calls.append(1)
-        return shifted(*args)
-
-    monkeypatch.setattr(conv2d_module, "shifted_matmul_conv2d", counting)
+    the written-out gradient for a wide input, `predict` and a plain call
+    do not."""
+    calls = _spy(monkeypatch)
     channels = IM2COL_MAX_CHANNELS + 4
     inputs = keras.Input((9, 9, channels))
     outputs = keras.layers.Flatten()(Conv2D(3, 3, strides=2)(inputs))
@@ -156,10 +277,10 @@ def test_fit_trains_through_the_shifted_matmuls(rng, monkeypatch):
     x = rng.normal(size=(4, 9, 9, channels)).astype("float32")
     model.predict(x, verbose=0)
     model(x)
-    assert calls == []
+    assert "conv2d_with_matmul_kernel_gradient" not in calls
     model.compile(optimizer="sgd", loss="mse")
     model.fit(x, np.zeros((4, 48), "float32"), epochs=1, verbose=0)
-    assert bool(calls) == SHIFTED
+    assert ("conv2d_with_matmul_kernel_gradient" in calls) == MATMUL
 
 
 @pytest.mark.parametrize("channels", [3, 12])
