@@ -149,8 +149,8 @@ def conv2d_with_matmul_kernel_gradient(inputs, kernel, strides):
     gradient's rows (`_kernel_gradient`), instead of XLA:CPU's convolution
     with an image-sized window. The slices are taken a chunk of the batch
     at a time and are not kept from the forward pass: ViT-Res-Tiny's JAX
-    train step at 224 px held 999 instead of 630 MB of temporaries at
-    batch 16 and ran 1.30x faster at batch 32 than with the slices as
+    train step at 224 px held 735 instead of 1032 MB of temporaries at
+    batch 16 and ran 1.35x faster at batch 32 than with nine slice
     matmuls in the forward pass (benchmarks/README.md, twenty-third
     session). Like every `custom_gradient`, it has no forward-mode
     derivative (`jax.jvp`).
@@ -208,7 +208,8 @@ class Conv2D(keras.layers.Conv2D):
       (`training=True`: `fit`, the recipes' train steps): XLA's
       convolution forward, its kernel gradient as plain matmuls instead of
       an image-sized convolution window (ViT-Res-Tiny, JAX train step at
-      224 px on 2 CPU cores: 1.30x at batch 32, a third less memory);
+      224 px on 2 CPU cores: 1.35x at batch 32, 1.02-1.08x at 8, 16 and
+      64, ~30% less memory for temporaries);
     - Keras' convolution at inference (`training` false or None:
       `predict`, a plain call), which XLA runs fastest without a gradient.
 
@@ -220,7 +221,8 @@ class Conv2D(keras.layers.Conv2D):
     The library's 3x3 convolutions (ViT-Res stem, `ResidualSpatialReduction`)
     are this layer; the patch embeddings (kernel = stride = patch) keep
     Keras' layer. Values and gradients equal Keras' to float rounding (the
-    sums run in another order; tests compare to 1e-5).
+    sums run in another order; tests compare values to 1e-5, gradients
+    after an SGD step to 1e-4).
 
     Call arguments:
         inputs: as `keras.layers.Conv2D`.
