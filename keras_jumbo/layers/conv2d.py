@@ -140,7 +140,11 @@ def _kernel_gradient(inputs, upstream, kernel_shape, strides):
 def conv2d_with_matmul_kernel_gradient(inputs, kernel, strides):
     """`ops.conv(inputs, kernel, strides, padding="valid")` whose gradient
     is written out (`keras.ops.custom_gradient`), for a channels-last
-    `inputs` with static height, width and channels (JAX, TensorFlow).
+    `inputs` with static height, width and channels. The layer calls it
+    on JAX only: in a Keras train step, PyTorch's `custom_gradient` did
+    not reach the variables, and TensorFlow 2.21's gave wrong gradients
+    to some models built later in the same process (not this function's
+    doing: a custom gradient of `x * k` alone did the same).
 
     Forward: the convolution. Gradient: for the input, the transposed
     convolution (`ops.conv_transpose`, the output padding restoring rows

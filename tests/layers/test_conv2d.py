@@ -18,11 +18,6 @@ from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import run_layer_test
 
 MATMUL = keras.backend.backend() in MATMUL_CONV_BACKENDS
-# Backends whose `keras.ops.custom_gradient` carries a Keras variable's
-# gradient in a Keras train step (on PyTorch: "element 0 of tensors does
-# not require grad"). The layer uses the written-out gradient on
-# MATMUL_CONV_BACKENDS (JAX) only.
-CUSTOM_GRADIENT = keras.backend.backend() in ("jax", "tensorflow")
 
 # (input (batch, H, W, C), kernel size, strides, filters): narrow and wide
 # inputs (channels below IM2COL_MAX_CHANNELS take the gathered matmul),
@@ -108,16 +103,21 @@ class _Convolution(keras.layers.Layer):
         )
 
     def call(self, x):
-        return self.function(x, self.kernel, self.strides)
+        kernel = keras.ops.cast(self.kernel, x.dtype)
+        return self.function(x, kernel, self.strides)
 
 
 def _keras_convolution(x, kernel, strides):
     return keras.ops.conv(x, kernel, strides, padding="valid")
 
 
-@pytest.mark.skipif(
-    not CUSTOM_GRADIENT, reason="custom_gradient in a Keras train step"
-)
+# The layer trains through the written-out gradient on MATMUL_CONV_BACKENDS
+# (JAX) only, so its train steps are tested there. Elsewhere
+# `keras.ops.custom_gradient` is not reliable in a Keras train step:
+# PyTorch raised "element 0 of tensors does not require grad", and
+# TensorFlow 2.21 gave wrong gradients to some models built later in the
+# same process (reproduced with a custom gradient of `x * k` alone).
+@pytest.mark.skipif(not MATMUL, reason="the layer uses it on JAX only")
 @pytest.mark.parametrize(
     "shape,strides",
     [((5, 9, 9, 8), (1, 1)), ((5, 10, 11, 9), (2, 2)), ((3, 9, 8, 10), (2, 1))],
