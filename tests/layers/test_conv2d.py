@@ -86,54 +86,30 @@ def _by_hand(x, kernel, strides):
     return np.einsum("brcijk,ijko->brco", windows, kernel)
 
 
-class _Convolution(keras.layers.Layer):
-    """`function(x, kernel, strides)` with its own kernel, for a step."""
-
-    def __init__(self, function, kernel, strides, **kwargs):
-        super().__init__(**kwargs)
-        self.function = function
-        self.initial = kernel
-        self.strides = strides
-
-    def build(self, input_shape):
-        self.kernel = self.add_weight(
-            self.initial.shape,
-            initializer=keras.initializers.Constant(self.initial),
-            name="kernel",
-        )
-
-    def call(self, x):
-        kernel = keras.ops.cast(self.kernel, x.dtype)
-        return self.function(x, kernel, self.strides)
-
-
-def _keras_convolution(x, kernel, strides):
-    return keras.ops.conv(x, kernel, strides, padding="valid")
-
-
 # The layer trains through the written-out gradient on MATMUL_CONV_BACKENDS
-# (JAX) only, so its train steps are tested there. Elsewhere
-# `keras.ops.custom_gradient` is not reliable in a Keras train step:
-# PyTorch raised "element 0 of tensors does not require grad", and
+# (JAX) only; elsewhere `keras.ops.custom_gradient` is not reliable in a
+# Keras train step (PyTorch: "element 0 of tensors does not require grad";
 # TensorFlow 2.21 gave wrong gradients to some models built later in the
-# same process (reproduced with a custom gradient of `x * k` alone).
-@pytest.mark.skipif(not MATMUL, reason="the layer uses it on JAX only")
+# same process, reproduced with a custom gradient of `x * k` alone), and
+# the layer is Keras' convolution there: the test below holds on every
+# backend, through whichever path the layer takes.
 @pytest.mark.parametrize(
     "shape,strides",
     [((5, 9, 9, 8), (1, 1)), ((5, 10, 11, 9), (2, 2)), ((3, 9, 8, 10), (2, 1))],
 )
 @pytest.mark.parametrize("chunked", [False, True])
-def test_matmul_kernel_gradient_equals_the_formula(
+def test_training_gradient_equals_the_formula(
     rng, monkeypatch, shape, strides, chunked
 ):
-    """One SGD step (lr 1, sum of `y * target`) of the convolution alone:
-    the kernel moves by minus the summed outer products of each output's
-    input window and `target` (the formula, in numpy), and, behind a
-    per-pixel Dense, every weight equals the same model with
-    `ops.conv`'s autodiff (so the input gradient too). Input rows the
-    strides leave unused (10 rows at stride 2) get a zero input gradient
-    through the transposed convolution's output padding. `chunked`: the
-    kernel gradient in chunks of two samples and a remainder of one."""
+    """One SGD step (lr 1, sum of `y * target`) of a wide `Conv2D` (no
+    bias) alone: the kernel moves by minus the summed outer products of
+    each output's input window and `target` (the formula, in numpy), and,
+    behind a per-pixel Dense, every weight equals the same model with
+    Keras' `Conv2D` (so the input gradient too). On JAX the step runs
+    `conv2d_with_matmul_kernel_gradient`. Input rows the strides leave
+    unused (10 rows at stride 2) get a zero input gradient through the
+    transposed convolution's output padding. `chunked`: the kernel
+    gradient in chunks of two samples and a remainder of one."""
     import keras_jumbo.layers.conv2d as conv2d_module
 
     if chunked:
@@ -141,11 +117,13 @@ def test_matmul_kernel_gradient_equals_the_formula(
         monkeypatch.setattr(
             conv2d_module, "KERNEL_GRADIENT_CHUNK_BYTES", 2 * sample_bytes
         )
+    calls = _spy(monkeypatch)
     x = rng.normal(size=shape).astype("float32")
     kernel = (rng.normal(size=(3, 3, shape[-1], 4)) * 0.3).astype("float32")
     target = rng.normal(size=_by_hand(x, kernel, strides).shape)
+    rng_dense = rng.normal(size=(shape[-1], shape[-1])) * 0.1
 
-    def weights_after_step(function, dense_first):
+    def weights_after_step(conv_cls, dense_first):
         inputs = keras.Input(shape[1:])
         h = inputs
         if dense_first:
@@ -155,7 +133,13 @@ def test_matmul_kernel_gradient_equals_the_formula(
                     np.eye(shape[-1]) + rng_dense
                 ),
             )(h)
-        outputs = _Convolution(function, kernel, strides)(h)
+        outputs = conv_cls(
+            4,
+            3,
+            strides=strides,
+            use_bias=False,
+            kernel_initializer=keras.initializers.Constant(kernel),
+        )(h)
         model = keras.Model(inputs, outputs)
         model.compile(
             optimizer=keras.optimizers.SGD(1.0),
@@ -164,16 +148,16 @@ def test_matmul_kernel_gradient_equals_the_formula(
         model.train_on_batch(x, target.astype("float32"))
         return [np.asarray(w) for w in model.get_weights()]
 
-    rng_dense = rng.normal(size=(shape[-1], shape[-1])) * 0.1
-    (after,) = weights_after_step(conv2d_with_matmul_kernel_gradient, False)
-    gradient = np.einsum(
-        "brcijk,brco->ijko", _windows(x, (3, 3), strides), target
-    )
+    (after,) = weights_after_step(Conv2D, False)
+    windows = _windows(x, (3, 3), strides)
+    gradient = np.einsum("brcijk,brco->ijko", windows, target)
     assert_allclose(after, kernel - gradient, atol=1e-4, rtol=1e-5)
-    got = weights_after_step(conv2d_with_matmul_kernel_gradient, True)
-    want = weights_after_step(_keras_convolution, True)
+    got = weights_after_step(Conv2D, True)
+    want = weights_after_step(keras.layers.Conv2D, True)
     for a, b in zip(got, want, strict=True):
         assert_allclose(a, b, atol=1e-4, rtol=1e-5)
+    written = "conv2d_with_matmul_kernel_gradient" in calls
+    assert written == MATMUL
 
 
 def _pair(rng, shape, **kwargs):
