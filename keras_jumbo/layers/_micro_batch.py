@@ -51,23 +51,28 @@ def micro_batches(input_shape, training):
     return min(batch, 2 * max(1, pairs))
 
 
-def run_in_slices(fn, inputs, training):
+def run_in_slices(fn, inputs, training, on_slices=None):
     """`fn(inputs)` for an `fn` that acts on each sample alone, run on the
-    `micro_batches` slices of `inputs` (the same numbers)."""
+    `micro_batches` slices of `inputs` (the same numbers).
+
+    `on_slices`, if given, is `[fn(s) for s in slices]` for a list of
+    slices run side by side (two, or a loop's pair and the rest's): for a
+    layer that does part of its work on all of them at once
+    (`TransformerEncoder`: the Jumbo FFN on every slice's Jumbo tokens)."""
     slices = micro_batches(inputs.shape, training)
     if slices == 1:
         return fn(inputs)
     batch = inputs.shape[0]
     size = -(-batch // slices)
     if slices == 2:
-        return _consecutive(fn, inputs, size)
+        return _consecutive(fn, on_slices, inputs, size)
     # Whole pairs of slices in a loop, the rest (fewer than two slices'
     # worth) in at most two more slices.
     pair = 2 * size
     pairs = batch // pair
     looped = pairs * pair
     outputs = ops.map(
-        lambda x: _consecutive(fn, x, size),
+        lambda x: _consecutive(fn, on_slices, x, size),
         ops.reshape(inputs[:looped], (pairs, pair) + tuple(inputs.shape[1:])),
     )
     outputs = [ops.reshape(outputs, (looped,) + tuple(outputs.shape[2:]))]
@@ -75,18 +80,21 @@ def run_in_slices(fn, inputs, training):
     if rest:
         halves = micro_batches((rest,) + tuple(inputs.shape[1:]), training) > 1
         rest_size = -(-rest // 2) if halves else rest
-        outputs.append(_consecutive(fn, inputs[looped:], rest_size))
+        outputs.append(_consecutive(fn, on_slices, inputs[looped:], rest_size))
     return ops.concatenate(outputs, axis=0)
 
 
-def _consecutive(fn, inputs, size):
-    """`fn` on consecutive slices of `size` samples, concatenated."""
+def _consecutive(fn, on_slices, inputs, size):
+    """`fn` on consecutive slices of `size` samples (through `on_slices`
+    if given), concatenated."""
     if size >= inputs.shape[0]:
         return fn(inputs)
-    return ops.concatenate(
-        [
-            fn(inputs[start : start + size])
-            for start in range(0, inputs.shape[0], size)
-        ],
-        axis=0,
-    )
+    slices = [
+        inputs[start : start + size]
+        for start in range(0, inputs.shape[0], size)
+    ]
+    if on_slices is None:
+        outputs = [fn(piece) for piece in slices]
+    else:
+        outputs = on_slices(slices)
+    return ops.concatenate(outputs, axis=0)

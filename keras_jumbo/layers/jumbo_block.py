@@ -1,3 +1,5 @@
+import itertools
+
 import keras
 from keras import ops
 
@@ -178,15 +180,55 @@ class JumboBlock(ViTBlock):
         )
 
     def call(self, inputs, training=None, shared_jumbo_mlp=None):
-        x = self.attention_branch(inputs, training)
+        return self.call_on_slices([inputs], training, shared_jumbo_mlp)[0]
+
+    def call_on_slices(self, slices, training=None, shared_jumbo_mlp=None):
+        """`[block(s) for s in slices]` for slices of one batch, with the
+        Jumbo FFN run once on every slice's Jumbo token (the rows
+        concatenated): the same numbers, since the FFN and LN3 act on each
+        row alone. The FFN's wide weights are then read once for all the
+        rows rather than once per slice: `TransformerEncoder`'s inference
+        on slices of a batch, where a slice holds as few as 32 Jumbo rows
+        (benchmarks/README.md, twenty-fourth session). The block must be
+        built.
+
+        Args:
+            slices: a non-empty list of `(batch_i, J + N, D)` tensors.
+            training, shared_jumbo_mlp: as in `call`.
+
+        Returns:
+            A list of `(batch_i, J + N, D)` tensors, one per slice.
+        """
         num_jumbo = self.jumbo_multiplier
-        jumbo = jumbo_merge(x[:, :num_jumbo])
+        xs = [self.attention_branch(x, training) for x in slices]
+        jumbos = [jumbo_merge(x[:, :num_jumbo]) for x in xs]
         if self.use_jumbo_mlp:
-            jumbo = self._jumbo_ffn(jumbo, training, shared_jumbo_mlp)
-        patches = x[:, num_jumbo:]
-        if self.use_patch_mlp:
-            patches = self.mlp_branch(patches, training)
-        return ops.concatenate([jumbo_split(jumbo, num_jumbo), patches], axis=1)
+            if len(jumbos) == 1:
+                jumbos = [
+                    self._jumbo_ffn(jumbos[0], training, shared_jumbo_mlp)
+                ]
+            else:
+                joined = self._jumbo_ffn(
+                    ops.concatenate(jumbos, axis=0), training, shared_jumbo_mlp
+                )
+                ends = list(
+                    itertools.accumulate(jumbo.shape[0] for jumbo in jumbos)
+                )
+                jumbos = [
+                    joined[start:end]
+                    for start, end in zip([0] + ends[:-1], ends, strict=True)
+                ]
+        outputs = []
+        for x, jumbo in zip(xs, jumbos, strict=True):
+            patches = x[:, num_jumbo:]
+            if self.use_patch_mlp:
+                patches = self.mlp_branch(patches, training)
+            outputs.append(
+                ops.concatenate(
+                    [jumbo_split(jumbo, num_jumbo), patches], axis=1
+                )
+            )
+        return outputs
 
     def get_config(self):
         config = super().get_config()

@@ -29,7 +29,10 @@ class TransformerEncoder(keras.layers.Layer):
     Two halves, or, from more than `2 * 3 * 2**17` numbers (tokens x width:
     nano at batch 128, ViT-Tiny at 224 px from batch 32), an even number of
     slices run a pair at a time in a loop, so that every slice stays small
-    (`keras_jumbo.layers._micro_batch`).
+    (`keras_jumbo.layers._micro_batch`). A `JumboBlock` runs its Jumbo FFN
+    once on the Jumbo tokens of the slices it runs side by side
+    (`JumboBlock.call_on_slices`), so that its wide weights are read once
+    for all of their rows.
 
     Args:
         blocks: a non-empty list of `ViTBlock` (or subclass) /
@@ -111,8 +114,29 @@ class TransformerEncoder(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         return run_in_slices(
-            lambda x: self._run_blocks(x, training), inputs, training
+            lambda x: self._run_blocks(x, training),
+            inputs,
+            training,
+            on_slices=lambda slices: self._run_blocks_on_slices(
+                slices, training
+            ),
         )
+
+    def _run_blocks_on_slices(self, slices, training):
+        """`[self._run_blocks(s) for s in slices]`: each slice through
+        every block, except that a `JumboBlock` runs its Jumbo FFN on all
+        the slices' Jumbo tokens at once (`JumboBlock.call_on_slices`)."""
+        if not any(isinstance(block, JumboBlock) for block in self.blocks):
+            return [self._run_blocks(x, training) for x in slices]
+        xs = list(slices)
+        for block in self.blocks:
+            if isinstance(block, JumboBlock):
+                xs = block.call_on_slices(
+                    xs, training, shared_jumbo_mlp=self.shared_jumbo_mlp
+                )
+            else:
+                xs = [call_sublayer(block, x, training=training) for x in xs]
+        return xs
 
     def _run_blocks(self, inputs, training):
         x, scores = inputs, None

@@ -284,6 +284,68 @@ def test_encoder_micro_batches_are_the_whole_batch(
     assert_allclose(encoder(x), whole, atol=2e-5)
 
 
+def _rows_seen_by(layer, monkeypatch):
+    """The batch sizes of `layer`'s calls from now on."""
+    rows, call = [], layer.call
+
+    def spy(inputs, *args, **kwargs):
+        rows.append(int(inputs.shape[0]))
+        return call(inputs, *args, **kwargs)
+
+    monkeypatch.setattr(layer, "call", spy)
+    return rows
+
+
+@pytest.mark.parametrize("use_patch_mlp", [True, False])
+@pytest.mark.parametrize("use_jumbo_mlp", [True, False])
+def test_jumbo_block_on_slices_is_the_block_on_each_slice(
+    rng, monkeypatch, use_patch_mlp, use_jumbo_mlp
+):
+    # The Jumbo FFN runs once on every slice's Jumbo token (6 rows), and
+    # each slice's output is the block on that slice (against the numpy
+    # formula): uneven slices, randomised norms.
+    block = JumboBlock(
+        2,
+        16,
+        2,
+        jumbo_mlp_dim=24,
+        use_patch_mlp=use_patch_mlp,
+        use_jumbo_mlp=use_jumbo_mlp,
+    )
+    x = rng.normal(size=(6, 2 + 4, 8)).astype("float32")
+    block(x)
+    randomize_weights(block)
+    if use_jumbo_mlp:
+        rows = _rows_seen_by(block.jumbo_mlp, monkeypatch)
+    slices = [x[:3], x[3:4], x[4:]]
+    outputs = block.call_on_slices(
+        [keras.ops.convert_to_tensor(piece) for piece in slices],
+        training=False,
+    )
+    assert len(outputs) == 3
+    for piece, output in zip(slices, outputs, strict=True):
+        assert_allclose(output, reference_jumbo_block(piece, block), atol=1e-4)
+    if use_jumbo_mlp:
+        assert rows == [6]
+    assert_allclose(block(x), keras.ops.concatenate(outputs, axis=0), atol=2e-6)
+
+
+def test_encoder_slices_share_one_jumbo_ffn_call(rng, monkeypatch):
+    # Two halves (2 + 1): in each block the shared Jumbo FFN sees the
+    # whole batch's 3 Jumbo rows at once; the output is the whole batch
+    # through the blocks.
+    micro_batching_here(monkeypatch, min_tokens=3)
+    encoder = shared_lora_encoder()
+    x = rng.normal(size=(3, 6, 8)).astype("float32")
+    encoder(x)
+    randomize_weights(encoder)
+    assert _micro_batch.micro_batches(x.shape, training=False) == 2
+    whole = encoder._run_blocks(x, training=False)
+    rows = _rows_seen_by(encoder.shared_jumbo_mlp, monkeypatch)
+    assert_allclose(encoder(x, training=False), whole, atol=2e-5)
+    assert rows == [3, 3]
+
+
 def test_micro_batches_only_for_large_inference_on_jax(monkeypatch):
     count = _micro_batch.micro_batches
     on = keras.backend.backend() in _micro_batch.MICRO_BATCH_INFERENCE_BACKENDS
