@@ -7,8 +7,8 @@
 # then short real runs of the main example and of every recipe.
 # Each pass runs its tests on one pytest-xdist worker per logical CPU (at
 # most 4): most tests are bound by single-threaded tracing and compilation,
-# so two workers on the 2-core machines halve a pass (JAX 42.5 -> 20.1 min, TF
-# 25.3 -> 11.8, torch 8.3 -> 5.9 on the 2-core Intel Xeon, CHANGELOG).
+# so two workers on the 2-core machines about halve a pass (timings in the
+# CHANGELOG).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
