@@ -386,17 +386,17 @@ def _resize(images, size):
 
 
 def smoke_teacher(train, image_size, epochs=6):
-    """A small CNN trained for a few epochs at `image_size` (2x the
+    """A small MLP trained for a few epochs at `image_size` (2x the
     student's) on the smoke images without augmentation: any Keras model
-    can teach."""
+    can teach. No convolutions: XLA's CPU convolution gradients made a
+    three-layer CNN teacher take ~100 s of a JAX smoke run on the 2-core
+    machines; this one trains in ~3 s and scores higher on the held-out
+    images."""
     inputs = keras.Input((image_size, image_size, 3))
-    x = inputs
-    for filters in (32, 64, 128):
-        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(
-            x
-        )
-        x = keras.layers.MaxPooling2D()(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.AveragePooling2D(2)(inputs)
+    x = keras.layers.Flatten()(x)
+    for units in (256, 128):
+        x = keras.layers.Dense(units, activation="relu")(x)
     teacher = keras.Model(
         inputs, keras.layers.Dense(train.num_classes)(x), name="teacher"
     )
