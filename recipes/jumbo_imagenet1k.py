@@ -32,8 +32,8 @@ Commands:
         --init runs/jumbo_nano_128/model.keras \\
         --teacher deit3_large_224.keras --data-dir /data/imagenet \\
         --output-dir runs/jumbo_nano_224
-    # smoke (real Fashion-MNIST, a 2-layer pico Jumbo, a small CNN teacher
-    # trained for one epoch at 56 px; about 2 minutes on 2 CPU cores)
+    # smoke (real Fashion-MNIST, a 2-layer pico Jumbo, a small MLP teacher
+    # trained for six epochs at 56 px; about 1 minute on 2 CPU cores)
     KERAS_BACKEND=jax python -m recipes.jumbo_imagenet1k --smoke
 """
 
