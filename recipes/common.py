@@ -390,8 +390,8 @@ def smoke_teacher(train, image_size, epochs=6):
     student's) on the smoke images without augmentation: any Keras model
     can teach. No convolutions: XLA's CPU convolution gradients made a
     three-layer CNN teacher take ~100 s of a JAX smoke run on the 2-core
-    machines; this one trains in ~3 s and scores higher on the held-out
-    images."""
+    machines; this one trains in ~3 s and learns more in its six epochs
+    (training accuracy 0.88 against the CNN's 0.70)."""
     inputs = keras.Input((image_size, image_size, 3))
     x = keras.layers.AveragePooling2D(2)(inputs)
     x = keras.layers.Flatten()(x)
