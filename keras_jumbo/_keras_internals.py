@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these eight things:
+Keras 3.15 has no public way to do these nine things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -30,7 +30,13 @@ Keras 3.15 has no public way to do these eight things:
 - on JAX, compile the steps Keras makes (`make_train_function`, ...)
   with XLA compiler options: Keras calls `jax.jit` through the module
   attribute `keras.src.backend.jax.trainer.jit` with none
-  (`jax_jit_options` below; the options: `keras_jumbo.runtime`).
+  (`jax_jit_options` below; the options: `keras_jumbo.runtime`);
+- on TensorFlow, create the optimizer's and the compiled metrics' variables
+  before `fit` / `evaluate` trace their step: without a distribution
+  strategy Keras creates them inside the step's first trace, and
+  `tf.function` then traces the whole step a second time
+  (`BuildsStateBeforeTracing` below calls the trainer's
+  `_symbolic_build`, as Keras itself does under a strategy).
 
 Everything else in keras_jumbo uses public Keras API only; if a future
 Keras offers these, this module is the one place to change.
@@ -186,6 +192,35 @@ class ReleasesAddedLosses:
         result = super().train_step(*args, **kwargs)
         release_added_losses(self)
         return result
+
+
+class BuildsStateBeforeTracing:
+    """Mixin for a `keras.Model` subclass (list it before `keras.Model`):
+    on TensorFlow, `fit` / `evaluate` / `train_on_batch` /
+    `test_on_batch` create the optimizer's and the compiled metrics' and
+    losses' variables before their step is traced.
+
+    Keras 3.15 does this only under a distribution strategy; otherwise the
+    variables appear inside the step's first trace, and `tf.function`
+    traces a step that creates variables twice (once to lift them out,
+    once without). A Jumbo pico train step took 20-40 s to trace on the
+    2-core CPU, so the first `fit` of a model paid that twice. The
+    variables and their values are the same either way (zeros until the
+    first step). Other backends: unchanged (the JAX trainer builds this
+    state before its step already; PyTorch steps are eager).
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        if (
+            keras.backend.backend() != "tensorflow"
+            or self._distribute_strategy is not None
+        ):
+            return  # Keras built it (or builds it outside a trace).
+        if data_batch is None:
+            # The dataset's element spec: shapes and dtypes, no data read.
+            data_batch = iterator._get_iterator().element_spec
+        self._symbolic_build(data_batch=data_batch)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from keras_jumbo import _keras_internals
 from keras_jumbo.layers import JumboBlock
@@ -192,3 +193,82 @@ def test_jax_jit_options_binds_arguments_the_jit_takes(monkeypatch):
     monkeypatch.setattr(trainer, "jit", takes_nothing)
     with jax_jit_options(compiler_options={"a": 1}):
         assert trainer.jit is takes_nothing
+
+
+def _fit_and_count_traces(model, x, y):
+    """Fit then evaluate `model` (2 equal batches; SGD with momentum and a
+    metric, i.e. optimizer and metric variables); how many times its
+    train and test steps ran in Python, and its weights after `fit`."""
+    counts = {"train": 0, "test": 0}
+    train_step, test_step = model.train_step, model.test_step
+
+    def counted(kind, step):
+        def run(*args):  # JAX: (state, data); other backends: (data,)
+            counts[kind] += 1
+            return step(*args)
+
+        return run
+
+    model.train_step = counted("train", train_step)
+    model.test_step = counted("test", test_step)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)
+    weights = model.get_weights()
+    model.evaluate(x, y, batch_size=2, verbose=0)
+    return counts, weights
+
+
+def _tiny_vit_or_distiller(kind):
+    from keras_jumbo import losses
+    from keras_jumbo import models
+
+    overrides = dict(
+        image_size=16, patch_size=8, hidden_dim=8, depth=1, num_heads=2,
+        num_classes=3,
+    )  # fmt: skip
+    student = models.ViT(**overrides)
+    randomize_weights(student, seed=3)
+    if kind == "model_class":
+        return student
+    teacher = models.ViT(**overrides)
+    randomize_weights(teacher, seed=4)
+    return losses.Distiller(student, teacher)
+
+
+@pytest.mark.parametrize("kind", ["model_class", "distiller"])
+def test_models_trace_their_steps_once(monkeypatch, kind):
+    """On TensorFlow Keras 3.15 creates the optimizer's and metrics'
+    variables inside the first trace of a step, and `tf.function` then
+    traces that step twice; the model classes and the distillers build
+    them first (`BuildsStateBeforeTracing`), so each step is traced once,
+    and `fit` trains exactly as Keras' own path does."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 16, 16, 3)).astype("float32")
+    y = np.array([0, 1, 2, 1])
+    model = _tiny_vit_or_distiller(kind)
+    start = model.get_weights()
+    counts, weights = _fit_and_count_traces(model, x, y)
+    if keras.backend.backend() != "torch":  # PyTorch steps are eager
+        assert counts == {"train": 1, "test": 1}
+    # Keras' own path (state created inside the first trace).
+    monkeypatch.setattr(
+        _keras_internals.BuildsStateBeforeTracing,
+        "_maybe_symbolic_build",
+        keras.Model._maybe_symbolic_build
+        if hasattr(keras.Model, "_maybe_symbolic_build")
+        else lambda self, iterator=None, data_batch=None: None,
+    )
+    reference = _tiny_vit_or_distiller(kind)
+    reference.set_weights(start)
+    ref_counts, ref_weights = _fit_and_count_traces(reference, x, y)
+    if keras.backend.backend() == "tensorflow":
+        assert ref_counts["train"] == 2  # what this saves
+    for got, want in zip(weights, ref_weights, strict=True):
+        assert_allclose(got, want, atol=1e-6, rtol=1e-6)
+    assert any(
+        not np.allclose(a, b) for a, b in zip(weights, start, strict=True)
+    )

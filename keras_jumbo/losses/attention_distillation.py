@@ -7,6 +7,7 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._keras_internals import BuildsStateBeforeTracing
 from keras_jumbo._keras_internals import ReleasesAddedLosses
 from keras_jumbo.losses.distillation import student_teacher_arguments
 from keras_jumbo.losses.distillation import student_teacher_config
@@ -65,7 +66,9 @@ def _num_patches(model):
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
-class AttentionMapDistiller(ReleasesAddedLosses, keras.Model):
+class AttentionMapDistiller(
+    BuildsStateBeforeTracing, ReleasesAddedLosses, keras.Model
+):
     """Train a student ViT whose attention maps follow a frozen teacher's.
 
     Behaves as the student at inference. In training, `call` runs the

@@ -4,6 +4,7 @@ ImageNet-1K recipe uses it (Jumbo paper A.2.1)."""
 import keras
 from keras import ops
 
+from keras_jumbo._keras_internals import BuildsStateBeforeTracing
 from keras_jumbo.layers._utils import check_positive_int
 
 
@@ -81,7 +82,7 @@ class FunctionMatchingKL(keras.losses.Loss):
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
-class Distiller(keras.Model):
+class Distiller(BuildsStateBeforeTracing, keras.Model):
     """Train a student to match a frozen teacher (function matching).
 
     `Distiller(student, teacher)` behaves as the student at inference

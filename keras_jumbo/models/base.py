@@ -14,6 +14,7 @@ import inspect
 import keras
 
 from keras_jumbo import runtime
+from keras_jumbo._keras_internals import BuildsStateBeforeTracing
 from keras_jumbo._keras_internals import ReleasesAddedLosses
 from keras_jumbo._keras_internals import collect_garbage_once
 from keras_jumbo._keras_internals import jax_jit_options
@@ -114,7 +115,9 @@ def _jax_step_options():
     return jax_jit_options(compiler_options=options)
 
 
-class ConfiguredModel(ReleasesAddedLosses, keras.Model):
+class ConfiguredModel(
+    BuildsStateBeforeTracing, ReleasesAddedLosses, keras.Model
+):
     """A functional model whose config is its constructor's arguments.
 
     `exposed_layers` names attributes that point at layers of the graph
