@@ -13,6 +13,11 @@ from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 
 ON_TORCH = keras.backend.backend() == "torch"
+# A tiny ViT model class (16 px, two 8-px patches a side).
+TINY_VIT = dict(
+    image_size=16, patch_size=8, hidden_dim=8, depth=2, num_heads=2,
+    num_classes=3,
+)  # fmt: skip
 DIRECT_CALL_OK = _keras_internals._direct_call_ok
 
 
@@ -144,10 +149,7 @@ def test_model_quantize_collects_garbage_once(monkeypatch):
 
     from keras_jumbo import models
 
-    overrides = dict(
-        image_size=16, patch_size=8, hidden_dim=8, depth=2, num_heads=2,
-        num_classes=3,
-    )  # fmt: skip
+    overrides = TINY_VIT
     model = models.ViT(**overrides)
     randomize_weights(model, seed=2)
     reference = models.ViT(**overrides)
@@ -226,10 +228,7 @@ def _tiny_vit_or_distiller(kind):
     from keras_jumbo import losses
     from keras_jumbo import models
 
-    overrides = dict(
-        image_size=16, patch_size=8, hidden_dim=8, depth=1, num_heads=2,
-        num_classes=3,
-    )  # fmt: skip
+    overrides = dict(TINY_VIT, depth=1)
     student = models.ViT(**overrides)
     randomize_weights(student, seed=3)
     if kind == "model_class":
