@@ -203,8 +203,8 @@ class BuildsStateBeforeTracing:
     Keras 3.15 does this only under a distribution strategy; otherwise the
     variables appear inside the step's first trace, and `tf.function`
     traces a step that creates variables twice (once to lift them out,
-    once without). A Jumbo pico train step took 20-40 s to trace on the
-    2-core CPU, so the first `fit` of a model paid that twice. The
+    once without). The first `fit` of a pico Jumbo on 8x8 digits took
+    about 15 s less with one trace (2-core Intel Xeon, CHANGELOG). The
     variables and their values are the same either way (zeros until the
     first step). Other backends: unchanged (the JAX trainer builds this
     state before its step already; PyTorch steps are eager).

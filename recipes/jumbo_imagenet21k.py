@@ -18,7 +18,7 @@ Commands:
     # smoke (real Fashion-MNIST, a 2-layer pico Jumbo; about 1 minute)
     # with 14-px patches: 4 patch tokens, so the kept-token count takes 4
     # values and the compiled train step is traced 4 times (7-px patches:
-    # 16 tokens, 13 traces, ~1 minute more of a JAX smoke run)
+    # 16 tokens, 13 traces)
     KERAS_BACKEND=jax python -m recipes.jumbo_imagenet21k --smoke
 """
 
