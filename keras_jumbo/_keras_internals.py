@@ -210,13 +210,11 @@ class BuildsStateBeforeTracing:
     state before its step already; PyTorch steps are eager).
     """
 
+    # Only Keras' TensorFlow trainer has (and calls) this hook.
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
-        if (
-            keras.backend.backend() != "tensorflow"
-            or self._distribute_strategy is not None
-        ):
-            return  # Keras built it (or builds it outside a trace).
+        if self._distribute_strategy is not None:
+            return  # Keras has built it.
         if data_batch is None:
             # The dataset's element spec: shapes and dtypes, no data read.
             data_batch = iterator._get_iterator().element_spec

@@ -149,10 +149,9 @@ def test_model_quantize_collects_garbage_once(monkeypatch):
 
     from keras_jumbo import models
 
-    overrides = TINY_VIT
-    model = models.ViT(**overrides)
+    model = models.ViT(**TINY_VIT)
     randomize_weights(model, seed=2)
-    reference = models.ViT(**overrides)
+    reference = models.ViT(**TINY_VIT)
     reference.set_weights(model.get_weights())
     calls = []
     collect = gc.collect
