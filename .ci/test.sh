@@ -13,6 +13,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONHASHSEED=0
+# One JAX persistent compilation cache for the whole run: the suite compiles
+# the same XLA programs again and again (tiny models rebuilt per test, in two
+# workers and in the smoke runs), and a hit skips XLA's compile. Results are
+# identical (the cache returns the executable compiled for the same program).
+# Interleaved A/B, 208 JAX tests (tests/models, test_blocks, test_nas), two
+# workers: 870/769 s without, 759/553 s with.
+if [ -z "${JAX_COMPILATION_CACHE_DIR:-}" ]; then
+  JAX_COMPILATION_CACHE_DIR=$(mktemp -d)
+  trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"' EXIT
+fi
+export JAX_COMPILATION_CACHE_DIR
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 
 "$PYTHON" -m ruff check keras_jumbo tests examples benchmarks tflite recipes
 "$PYTHON" -m ruff format --check keras_jumbo tests examples benchmarks tflite recipes
