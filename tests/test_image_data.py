@@ -82,6 +82,95 @@ def test_three_augment_is_reproducible_per_seed(rng):
     np.testing.assert_allclose(a[1].sum(-1), 1.0, atol=1e-5)
 
 
+def test_compiled_augmentation_equals_eager_per_seed(rng):
+    images = _images(rng, 6, 16).astype("float32")
+    labels = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 2]]
+    for seed in (3, 4):
+        outputs = [
+            data.three_augment(
+                mixup_alpha=0.8, cutmix_alpha=1.0, compiled=compiled
+            )(images, labels, seed=seed)
+            for compiled in (True, False)
+        ]
+        np.testing.assert_allclose(outputs[0][0], outputs[1][0], atol=1e-3)
+        np.testing.assert_allclose(outputs[0][1], outputs[1][1], atol=1e-6)
+    with pytest.raises(TypeError, match="compiled"):
+        data.BatchAugmentation([], compiled="yes")
+
+
+def _scipy_blur(images, sigmas, radius):
+    from scipy import ndimage
+
+    return np.stack(
+        [
+            np.stack(
+                [
+                    ndimage.gaussian_filter(
+                        image[..., c].astype("float64"),
+                        sigma,
+                        mode="nearest",
+                        radius=radius,
+                    )
+                    for c in range(image.shape[-1])
+                ],
+                axis=-1,
+            )
+            for image, sigma in zip(images, sigmas, strict=True)
+        ]
+    )
+
+
+def test_gaussian_blur_matches_scipy_per_image_sigma(rng):
+    images = rng.uniform(0, 255, size=(3, 9, 11, 2)).astype("float32")
+    sigmas = np.array([0.3, 1.0, 2.0], "float32")
+    out = data.gaussian_blur(
+        keras.ops.convert_to_tensor(images),
+        keras.ops.convert_to_tensor(sigmas),
+        4,
+    )
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(out),
+        _scipy_blur(images, sigmas, 4),
+        atol=2e-4,
+    )
+
+
+def test_random_gaussian_blur_draws_one_isotropic_sigma_per_image(
+    rng, tmp_path
+):
+    images = rng.uniform(0, 255, size=(2, 8, 10, 3)).astype("float32")
+    fixed = data.RandomGaussianBlur(sigma=1.3, seed=0)
+    assert fixed.radius == 4  # ceil(3 * 1.3)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(fixed(images, training=True)),
+        _scipy_blur(images, [1.3, 1.3], 4),
+        atol=2e-4,
+    )
+    # An impulse: its blurred centre is the kernel's centre weight squared,
+    # which falls with sigma, so each image shows the sigma it drew.
+    impulse = np.zeros((16, 13, 13, 1), "float32")
+    impulse[:, 6, 6] = 1.0
+    layer = data.RandomGaussianBlur(sigma=(0.5, 2.0), radius=6, seed=1)
+    centres = keras.ops.convert_to_numpy(layer(impulse))[:, 6, 6, 0]
+    bounds = [
+        _scipy_blur(impulse[:1], [sigma], 6)[0, 6, 6, 0] for sigma in (2.0, 0.5)
+    ]
+    assert np.all((centres >= bounds[0] - 1e-6) & (centres <= bounds[1] + 1e-6))
+    assert len(np.unique(np.round(centres, 5))) > 8  # per image, not batch
+    path = str(tmp_path / "blur.keras")
+    keras.Sequential([keras.Input((13, 13, 1)), layer]).save(path)
+    loaded = keras.saving.load_model(path).layers[0]
+    assert (loaded.sigma, loaded.radius) == ((0.5, 2.0), 6)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(loaded(impulse, training=False)), impulse
+    )
+    for bad in (0.0, (2.0, 1.0), (1.0,), "1"):
+        with pytest.raises(ValueError, match="sigma"):
+            data.RandomGaussianBlur(sigma=bad)
+    with pytest.raises(ValueError, match="radius"):
+        data.RandomGaussianBlur(radius=-1)
+
+
 def test_mixup_mixes_images_and_labels_alike(rng):
     images = _images(rng, 4, 8).astype("float32")
     labels = np.eye(4, dtype="float32")

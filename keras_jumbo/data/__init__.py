@@ -4,6 +4,8 @@ from keras_jumbo.data.augment import BatchAugmentation
 from keras_jumbo.data.augment import MixUpOrCutMix
 from keras_jumbo.data.augment import OneOf
 from keras_jumbo.data.augment import PadAndRandomCrop
+from keras_jumbo.data.augment import RandomGaussianBlur
+from keras_jumbo.data.augment import gaussian_blur
 from keras_jumbo.data.augment import rand_augment
 from keras_jumbo.data.augment import reseed
 from keras_jumbo.data.augment import three_augment
@@ -29,6 +31,8 @@ __all__ = [
     "MixUpOrCutMix",
     "OneOf",
     "PadAndRandomCrop",
+    "RandomGaussianBlur",
+    "gaussian_blur",
     "augmented_batches",
     "image_directory_dataset",
     "rand_augment",

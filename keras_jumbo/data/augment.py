@@ -14,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_jumbo._keras_internals import sublayers
+from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_positive_int
 
 # Augmentation runs in float32 whatever the global (mixed) policy is.
@@ -147,6 +148,122 @@ class PadAndRandomCrop(keras.layers.Layer):
         }
 
 
+def gaussian_blur(images, sigma, radius):
+    """Blur each image of a batch with its own isotropic Gaussian.
+
+    The kernel is `exp(-x**2 / (2 * sigma_i**2))` on the integers
+    `-radius..radius`, normalised to sum 1, applied separably (columns,
+    then rows) with the edge pixels repeated outside the image -- as
+    `scipy.ndimage.gaussian_filter(mode="nearest", radius=radius)` per
+    image and channel. Each pass is one batched matrix product with the
+    image's banded blur matrix (edges folded in), which runs near the
+    matmul peak on every backend: a 7x7 depthwise convolution (Keras'
+    `gaussian_blur`) was the slowest op of 3-Augment on JAX.
+
+    Args:
+        images: float `(batch, height, width, channels)`.
+        sigma: float `(batch,)`, each > 0.
+        radius: int >= 0, the kernel's half-width in pixels.
+    """
+    taps = ops.arange(-radius, radius + 1, dtype=images.dtype)
+    sigma = ops.cast(ops.reshape(sigma, (-1, 1)), images.dtype)
+    weights = ops.exp(-0.5 * ops.square(taps[None, :] / sigma))
+    weights = weights / ops.sum(weights, axis=1, keepdims=True)
+    height, width = images.shape[1], images.shape[2]
+    rows = ops.einsum(
+        "bt,itj->bij", weights, _blur_taps(height, radius, images.dtype)
+    )
+    images = ops.einsum("bij,bjwc->biwc", rows, images)
+    columns = ops.einsum(
+        "bt,itj->bij", weights, _blur_taps(width, radius, images.dtype)
+    )
+    return ops.einsum("bij,bhjc->bhic", columns, images)
+
+
+def _blur_taps(size, radius, dtype):
+    """`(size, 2 * radius + 1, size)` 0/1: output pixel i, tap t reads
+    pixel j = clip(i + t - radius) (edge pixels repeated)."""
+    source = np.clip(
+        np.arange(size)[:, None] + np.arange(-radius, radius + 1)[None, :],
+        0,
+        size - 1,
+    )
+    return ops.convert_to_tensor(np.eye(size)[source], dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_jumbo")
+class RandomGaussianBlur(keras.layers.Layer):
+    """Gaussian blur with a standard deviation drawn per image.
+
+    DeiT III's 3-Augment blurs each image with PIL's
+    `GaussianBlur(radius=uniform(0.1, 2.0))`: one isotropic sigma per
+    image, edge pixels extended. This layer does the same with an exact
+    (truncated) Gaussian: sigma ~ U(`sigma`) per image, kernel half-width
+    `ceil(3 * max sigma)` pixels unless `radius` is given, edges repeated
+    (`gaussian_blur`). Keras' `RandomGaussianBlur` differs on all three
+    counts (one sigma pair per batch, independent in x and y; a fixed
+    `kernel_size`; zero padding, which darkens the border) and is ~20x
+    slower on JAX (`benchmarks/augment_throughput.py`).
+
+    Args:
+        sigma: float or `(min, max)` pair of floats > 0; a float is a
+            fixed sigma.
+        radius: int >= 0 or None (from `sigma`).
+        seed: int or None.
+
+    Call arguments:
+        images: float `(batch, height, width, channels)`.
+        training: bool; the layer is the identity unless True.
+    """
+
+    def __init__(self, sigma=(0.1, 2.0), radius=None, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        pair = sigma if isinstance(sigma, (tuple, list)) else (sigma, sigma)
+        if (
+            len(pair) != 2
+            or not all(
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and v > 0
+                for v in pair
+            )
+            or pair[0] > pair[1]
+        ):
+            raise ValueError(
+                "`sigma` must be a float > 0 or a pair (min, max) with "
+                f"0 < min <= max. Received: sigma={sigma!r}"
+            )
+        self.sigma = (float(pair[0]), float(pair[1]))
+        if radius is None:
+            radius = int(np.ceil(3.0 * self.sigma[1]))
+        self.radius = check_positive_int("radius", radius, allow_zero=True)
+        self.seed = seed
+        self.generator = keras.random.SeedGenerator(seed)
+
+    def call(self, images, training=True):
+        if not training:
+            return images
+        sigma = keras.random.uniform(
+            (ops.shape(images)[0],),
+            self.sigma[0],
+            self.sigma[1],
+            dtype=images.dtype,
+            seed=self.generator,
+        )
+        return gaussian_blur(images, sigma, self.radius)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "sigma": self.sigma,
+            "radius": self.radius,
+            "seed": self.seed,
+        }
+
+
 class MixUpOrCutMix:
     """Per batch, MixUp (probability `1 - switch_prob`) or CutMix.
 
@@ -155,11 +272,19 @@ class MixUpOrCutMix:
     `CutMix(factor)`. An alpha of 0 disables that mix (the ImageNet-21K
     recipe: MixUp 0.8, CutMix 0).
 
+    Args:
+        mixup_alpha, cutmix_alpha: floats >= 0 (0: that mix is off).
+        switch_prob: float in [0, 1], the probability of CutMix when both
+            are on.
+        compiled: bool; as `BatchAugmentation`.
+
     Call arguments:
         images, labels (one-hot, float); seed: int.
     """
 
-    def __init__(self, mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5):
+    def __init__(
+        self, mixup_alpha=0.8, cutmix_alpha=1.0, switch_prob=0.5, compiled=True
+    ):
         for name, value in (
             ("mixup_alpha", mixup_alpha),
             ("cutmix_alpha", cutmix_alpha),
@@ -190,6 +315,12 @@ class MixUpOrCutMix:
             if cutmix_alpha
             else None
         )
+        self.compiled = check_bool("compiled", compiled)
+        self._models = {
+            id(layer): TrainingModeModel([layer], name=f"{layer.name}_model")
+            for layer in (self.mixup, self.cutmix)
+            if layer is not None and self.compiled
+        }
 
     def __call__(self, images, labels, seed):
         layer = self.mixup or self.cutmix
@@ -199,7 +330,14 @@ class MixUpOrCutMix:
         if layer is None:
             return images, labels
         reseed(layer, step_seed(seed, 2))
-        out = layer({"images": images, "labels": labels}, training=True)
+        inputs = {
+            "images": ops.convert_to_tensor(images, _F32),
+            "labels": ops.convert_to_tensor(labels, _F32),
+        }
+        if self.compiled:
+            out = self._models[id(layer)].predict_on_batch(inputs)
+        else:
+            out = layer(inputs, training=True)
         return out["images"], out["labels"]
 
 
@@ -210,6 +348,13 @@ class BatchAugmentation:
         image_layers: Keras image-to-image layers (e.g. `RandomFlip`,
             `RandAugment`), applied in order to the images.
         mix: a `MixUpOrCutMix` or None.
+        compiled: bool. True (default): the layers run as one compiled
+            program per batch shape (`keras.Model.predict_on_batch` in
+            training mode: `jax.jit` on JAX, a `tf.function` on
+            TensorFlow; PyTorch runs eagerly either way), False: layer by
+            layer, eagerly. The same seed gives the same batch both ways
+            (to float rounding); compiled is ~2x faster per batch on JAX
+            (`benchmarks/augment_throughput.py`).
 
     Call arguments:
         images: float `(batch, H, W, C)` in the pixel range the layers
@@ -221,24 +366,52 @@ class BatchAugmentation:
         `(images, labels)` as numpy arrays.
     """
 
-    def __init__(self, image_layers=(), mix=None):
+    def __init__(self, image_layers=(), mix=None, compiled=True):
         self.image_layers = list(image_layers)
         self.mix = mix
+        self.compiled = check_bool("compiled", compiled)
+        self._model = None
+        if self.compiled and self.image_layers:
+            self._model = TrainingModeModel(self.image_layers)
 
     def __call__(self, images, labels, seed):
         images = ops.convert_to_tensor(images, "float32")
         labels = ops.convert_to_tensor(labels, "float32")
         for index, layer in enumerate(self.image_layers):
             reseed(layer, step_seed(seed, 10 + index))
-            images = layer(images, training=True)
+        if self._model is not None:
+            images = self._model.predict_on_batch(images)
+        else:
+            for layer in self.image_layers:
+                images = layer(images, training=True)
         if self.mix is not None:
             images, labels = self.mix(images, labels, seed)
         return ops.convert_to_numpy(images), ops.convert_to_numpy(labels)
 
 
-def _mix(mixup_alpha, cutmix_alpha):
+class TrainingModeModel(keras.Model):
+    """`layers` applied in order with `training=True`, as a model.
+
+    Its `predict_on_batch` runs random augmentation layers (identities at
+    inference) as one compiled program; the input may be a tensor or a
+    dict (`{"images", "labels"}` for `MixUp` / `CutMix`). Float32 whatever
+    the global policy, as the augmentation here.
+    """
+
+    def __init__(self, layers, **kwargs):
+        kwargs.setdefault("name", "training_mode_model")
+        super().__init__(dtype=_F32, **kwargs)
+        self.applied = list(layers)
+
+    def call(self, inputs):
+        for layer in self.applied:
+            inputs = layer(inputs, training=True)
+        return inputs
+
+
+def _mix(mixup_alpha, cutmix_alpha, compiled):
     if mixup_alpha or cutmix_alpha:
-        return MixUpOrCutMix(mixup_alpha, cutmix_alpha)
+        return MixUpOrCutMix(mixup_alpha, cutmix_alpha, compiled=compiled)
     return None
 
 
@@ -248,6 +421,7 @@ def three_augment(
     value_range=(0, 255),
     mixup_alpha=0.0,
     cutmix_alpha=0.0,
+    compiled=True,
 ):
     """DeiT III's 3-Augment (Touvron et al., 2022), from Keras core layers.
 
@@ -259,8 +433,10 @@ def three_augment(
     Differences from the reference, stated: Keras' `Solarization` with
     `threshold_factor=(0.5, 0.5)` inverts values above the middle of
     `value_range` (the reference: above 128 of 255, the same); Gaussian
-    blur uses Keras' `RandomGaussianBlur(factor=1.0, sigma=(0.1, 2.0))`
-    with a 7-pixel kernel.
+    blur is this module's `RandomGaussianBlur(sigma=(0.1, 2.0))`: sigma
+    per image as the reference's PIL `GaussianBlur(radius)`, but an exact
+    Gaussian truncated at 3 sigma where PIL approximates it with box
+    blurs. `compiled` as `BatchAugmentation`.
     """
     image_layers = [
         PadAndRandomCrop(padding, dtype=_F32),
@@ -274,13 +450,7 @@ def three_augment(
                     value_range=value_range,
                     dtype=_F32,
                 ),
-                keras.layers.RandomGaussianBlur(
-                    factor=1.0,
-                    kernel_size=7,
-                    sigma=(0.1, 2.0),
-                    value_range=value_range,
-                    dtype=_F32,
-                ),
+                RandomGaussianBlur(sigma=(0.1, 2.0), dtype=_F32),
             ],
             dtype=_F32,
         ),
@@ -295,7 +465,9 @@ def three_augment(
                 dtype=_F32,
             )
         )
-    return BatchAugmentation(image_layers, _mix(mixup_alpha, cutmix_alpha))
+    return BatchAugmentation(
+        image_layers, _mix(mixup_alpha, cutmix_alpha, compiled), compiled
+    )
 
 
 def rand_augment(
@@ -304,12 +476,16 @@ def rand_augment(
     value_range=(0, 255),
     mixup_alpha=0.0,
     cutmix_alpha=0.0,
+    compiled=True,
 ):
     """Horizontal flip + `keras.layers.RandAugment`, optionally mixed.
 
     The Jumbo fine-tune recipe uses timm's `rand-m9-mstd0.5-inc1`: 2 ops
     at magnitude 9 of 10 with magnitude noise; Keras' RandAugment has no
     magnitude noise, so `factor=magnitude` (0.9) is the closest setting.
+    Keras' RandAugment also draws its `num_ops` operations once per batch
+    (timm: per image), and is slow on JAX (seconds a batch; see the
+    CHANGELOG). `compiled` as `BatchAugmentation`.
     """
     image_layers = [
         keras.layers.RandomFlip("horizontal", dtype=_F32),
@@ -320,4 +496,6 @@ def rand_augment(
             dtype=_F32,
         ),
     ]
-    return BatchAugmentation(image_layers, _mix(mixup_alpha, cutmix_alpha))
+    return BatchAugmentation(
+        image_layers, _mix(mixup_alpha, cutmix_alpha, compiled), compiled
+    )
