@@ -34,7 +34,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_jumbo import data  # noqa: E402
-from keras_jumbo.data.augment import TrainingModeModel  # noqa: E402
+from keras_jumbo.data import TrainingModeModel  # noqa: E402
 
 
 def _blur_contender(layer):

@@ -5,6 +5,7 @@ from keras_jumbo.data.augment import MixUpOrCutMix
 from keras_jumbo.data.augment import OneOf
 from keras_jumbo.data.augment import PadAndRandomCrop
 from keras_jumbo.data.augment import RandomGaussianBlur
+from keras_jumbo.data.augment import TrainingModeModel
 from keras_jumbo.data.augment import gaussian_blur
 from keras_jumbo.data.augment import rand_augment
 from keras_jumbo.data.augment import reseed
@@ -32,6 +33,7 @@ __all__ = [
     "OneOf",
     "PadAndRandomCrop",
     "RandomGaussianBlur",
+    "TrainingModeModel",
     "gaussian_blur",
     "augmented_batches",
     "image_directory_dataset",
