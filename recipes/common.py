@@ -272,14 +272,18 @@ def _smoke_data(args):
 AUGMENT_COMPILE_MIN_STEPS = 500
 
 
-def _augmentation(recipe, total_steps):
-    compiled = total_steps >= AUGMENT_COMPILE_MIN_STEPS
-    kind = recipe.augmentation
-    if kind not in AUGMENTATIONS:
+def _check_augmentation(recipe):
+    if recipe.augmentation not in AUGMENTATIONS:
         raise ValueError(
             f"`augmentation` must be one of {AUGMENTATIONS}. "
-            f"Received: augmentation={kind!r}"
+            f"Received: augmentation={recipe.augmentation!r}"
         )
+
+
+def _augmentation(recipe, total_steps):
+    _check_augmentation(recipe)
+    compiled = total_steps >= AUGMENT_COMPILE_MIN_STEPS
+    kind = recipe.augmentation
     mix = dict(mixup_alpha=recipe.mixup_alpha, cutmix_alpha=recipe.cutmix_alpha)
     if kind == "three_augment":
         return kj_data.three_augment(**mix, compiled=compiled)
@@ -294,7 +298,7 @@ def _augmentation(recipe, total_steps):
 
 def load_data(recipe, args):
     """`(train, val, steps_per_epoch, num_classes, mean, std)`."""
-    _augmentation(recipe, 0)  # a wrong name fails before any data loads
+    _check_augmentation(recipe)  # before any data loads
     if args.smoke:
         (x, y), (x_val, y_val), num_classes = _smoke_data(args)
         augmentation = _augmentation(
