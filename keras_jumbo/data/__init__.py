@@ -17,6 +17,9 @@ from keras_jumbo.data.images import ImageBatches
 from keras_jumbo.data.images import augmented_batches
 from keras_jumbo.data.images import image_directory_dataset
 from keras_jumbo.data.images import tfds_dataset
+from keras_jumbo.data.randaugment import RAND_AUGMENT_OPS
+from keras_jumbo.data.randaugment import RandAugment
+from keras_jumbo.data.randaugment import apply_rand_augment_op
 from keras_jumbo.data.time_series import ForecastingWindows
 from keras_jumbo.data.time_series import forecasting_splits
 from keras_jumbo.data.time_series import load_appliances_energy
@@ -32,9 +35,12 @@ __all__ = [
     "MixUpOrCutMix",
     "OneOf",
     "PadAndRandomCrop",
+    "RAND_AUGMENT_OPS",
+    "RandAugment",
     "RandomGaussianBlur",
     "TrainingModeModel",
     "gaussian_blur",
+    "apply_rand_augment_op",
     "augmented_batches",
     "image_directory_dataset",
     "rand_augment",

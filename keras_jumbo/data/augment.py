@@ -14,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_jumbo._keras_internals import sublayers
+from keras_jumbo.data.randaugment import RandAugment
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_positive_int
 
@@ -475,28 +476,31 @@ def three_augment(
 
 
 def rand_augment(
-    magnitude=0.9,
+    magnitude=9.0,
+    magnitude_std=0.5,
     num_ops=2,
+    fill=(124, 116, 104),
     value_range=(0, 255),
     mixup_alpha=0.0,
     cutmix_alpha=0.0,
     compiled=True,
 ):
-    """Horizontal flip + `keras.layers.RandAugment`, optionally mixed.
+    """Horizontal flip + timm's RandAugment (`RandAugment`), optionally mixed.
 
-    The Jumbo fine-tune recipe uses timm's `rand-m9-mstd0.5-inc1`: 2 ops
-    at magnitude 9 of 10 with magnitude noise; Keras' RandAugment has no
-    magnitude noise, so `factor=magnitude` (0.9) is the closest setting.
-    Keras' RandAugment also draws its `num_ops` operations once per batch
-    (timm: per image), and is slow on JAX (seconds a batch; see the
-    CHANGELOG). `compiled` as `BatchAugmentation`.
+    The Jumbo and Non-Deep ViT fine-tune recipes use timm's
+    `rand-m9-mstd0.5-inc1` (the defaults here): per image, 2 operations at
+    magnitude N(9, 0.5) out of 10, each with probability 0.5; geometric
+    operations fill with the ImageNet mean (124, 116, 104), as timm's
+    `create_transform` sets `img_mean`. `compiled` as `BatchAugmentation`.
     """
     image_layers = [
         keras.layers.RandomFlip("horizontal", dtype=_F32),
-        keras.layers.RandAugment(
-            value_range=value_range,
+        RandAugment(
             num_ops=num_ops,
-            factor=magnitude,
+            magnitude=magnitude,
+            magnitude_std=magnitude_std,
+            fill=fill,
+            value_range=value_range,
             dtype=_F32,
         ),
     ]

@@ -109,6 +109,20 @@ def check_positive_float(name, value):
     return value
 
 
+def check_number_in(name, value, low, high):
+    """Raise unless `value` is a number in [low, high]; return a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"`{name}` must be a number. Received: {name}={value!r} "
+            f"(of type {type(value).__name__})"
+        )
+    if not low <= value <= high:
+        raise ValueError(
+            f"`{name}` must be in [{low}, {high}]. Received: {name}={value}"
+        )
+    return float(value)
+
+
 def check_rate(name, value):
     """Raise unless `value` is a float in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
