@@ -487,11 +487,12 @@ def rand_augment(
 ):
     """Horizontal flip + timm's RandAugment (`RandAugment`), optionally mixed.
 
-    The Jumbo and Non-Deep ViT fine-tune recipes use timm's
-    `rand-m9-mstd0.5-inc1` (the defaults here): per image, 2 operations at
-    magnitude N(9, 0.5) out of 10, each with probability 0.5; geometric
-    operations fill with the ImageNet mean (124, 116, 104), as timm's
-    `create_transform` sets `img_mean`. `compiled` as `BatchAugmentation`.
+    The Jumbo fine-tune stage and the Non-Deep ViT recipe (DeiT's
+    settings) use timm's `rand-m9-mstd0.5-inc1` (the defaults here): per
+    image, 2 operations at magnitude N(9, 0.5) out of 10, each with
+    probability 0.5; geometric operations fill with the ImageNet mean
+    (124, 116, 104), as timm's `create_transform` sets `img_mean`.
+    `compiled` as `BatchAugmentation`.
     """
     image_layers = [
         keras.layers.RandomFlip("horizontal", dtype=_F32),

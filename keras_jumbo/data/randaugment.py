@@ -309,8 +309,8 @@ def apply_rand_augment_op(images, op, level, fill=(128, 128, 128)):
 class RandAugment(keras.layers.Layer):
     """timm's RandAugment with every choice made per image.
 
-    timm's `rand-m{magnitude}-mstd{magnitude_std}-inc1` (DeiT and the
-    Jumbo / Non-Deep ViT fine-tune recipes use `rand-m9-mstd0.5-inc1`):
+    timm's `rand-m{magnitude}-mstd{magnitude_std}-inc1` (DeiT, the Jumbo
+    fine-tune stage and the Non-Deep ViT recipe use `rand-m9-mstd0.5-inc1`):
     for each image, `num_ops` operations drawn uniformly with replacement
     from `RAND_AUGMENT_OPS` (timm's increasing set), each applied with
     probability `prob` at a magnitude drawn from
