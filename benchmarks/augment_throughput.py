@@ -10,18 +10,27 @@ rounds (order alternating) after a first, compiling call:
   `keras_jumbo.data.RandomGaussianBlur(sigma=(0.1, 2.0))` (radius 6),
   each as one compiled program (`TrainingModeModel.predict_on_batch`);
 - `three_augment_eager` / `three_augment`: `three_augment(mixup_alpha=0.8,
-  cutmix_alpha=1.0)` layer by layer (`compiled=False`) and compiled;
-- `rand_augment_eager` / `rand_augment`: the same for `rand_augment`
-  (flip + `keras_jumbo.data.RandAugment`, timm's per-image
-  `rand-m9-mstd0.5-inc1`);
+  cutmix_alpha=1.0, implementation="batched")` layer by layer
+  (`compiled=False`) and compiled;
+- `three_augment` / `three_augment_host`: that, compiled, against
+  `implementation="host"` (`HostThreeAugment`, the reference's PIL calls
+  per image);
+- `rand_augment_eager` / `rand_augment`: the same for
+  `rand_augment(implementation="batched")` (flip +
+  `keras_jumbo.data.RandAugment`, timm's per-image
+  `rand-m9-mstd0.5-inc1`, every operation family for the whole batch);
+- `rand_augment` / `rand_augment_host`: that, compiled, against
+  `rand_augment(implementation="host")` (`HostRandAugment`: each image's
+  own operations with Pillow on uint8, in the calling process; the
+  recipes' choice without an accelerator);
 - `keras_rand_augment` / `rand_augment`: what `rand_augment` was before,
   flip + Keras' `RandAugment(factor=0.9)` + the mix, compiled, against
   ours compiled (`--no-keras-rand-augment` leaves it out: seconds a batch
   on JAX);
-- `timm_rand_augment` / `rand_augment_nomix`: what the official code runs,
+- `timm_rand_augment` / `rand_augment_host_nomix`: what the official code runs,
   flip + timm's `rand-m9-mstd0.5-inc1` on each uint8 PIL image in turn
-  (bicubic, ImageNet-mean fill, one process), against ours without the
-  mix, compiled; only when timm imports (`pip install timm==1.0.12
+  (bicubic, ImageNet-mean fill, one process), against our host form
+  without the mix (bilinear); only when timm imports (`pip install timm==1.0.12
   --no-deps`, as `vs_official.py`).
 
 Prints the first call's seconds, the median ms per batch and each pair's
@@ -120,13 +129,20 @@ def contenders(keras_rand_augment, image_size):
             ),
         ),
     }
+    batched = dict(implementation="batched")
     for name in ("three_augment", "rand_augment"):
         make = getattr(data, name)
         pairs[name] = (
             f"{name}_eager",
-            make(**mix, compiled=False),
+            make(**mix, **batched, compiled=False),
             name,
-            make(**mix, compiled=True),
+            make(**mix, **batched, compiled=True),
+        )
+        pairs[f"{name}_host"] = (
+            name,
+            pairs[name][3],
+            f"{name}_host",
+            make(**mix, implementation="host"),
         )
     if keras_rand_augment:
         pairs["keras_rand_augment"] = (
@@ -140,8 +156,8 @@ def contenders(keras_rand_augment, image_size):
         pairs["timm_rand_augment"] = (
             "timm_rand_augment",
             timm_call,
-            "rand_augment_nomix",
-            data.rand_augment(compiled=True),
+            "rand_augment_host_nomix",
+            data.rand_augment(implementation="host"),
         )
     return pairs
 
@@ -188,10 +204,10 @@ def main():
         f"backend {keras.backend.backend()}, batch {args.batch}, "
         f"{args.image_size} px, {args.rounds} rounds"
     )
-    print(f"{'contender':22s} {'first s':>8s} {'ms/batch':>9s}")
+    print(f"{'contender':24s} {'first s':>8s} {'ms/batch':>9s}")
     for name in times:
         median = 1000 * statistics.median(times[name])
-        print(f"{name:22s} {first[name]:8.1f} {median:9.1f}")
+        print(f"{name:24s} {first[name]:8.1f} {median:9.1f}")
     for slow_name, _, fast_name, _ in pairs.values():
         ratio = statistics.median(
             s / f

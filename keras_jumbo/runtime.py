@@ -7,6 +7,8 @@
   compiler options keras_jumbo's models compile their JAX steps with
   (`fit`, `evaluate`, `predict` and the `*_on_batch` calls). By default,
   512-bit vectors on AMD CPUs with AVX-512, nothing elsewhere.
+- `accelerator_available()`: whether the Keras backend sees a GPU or TPU
+  (the recipes' augmentation runs on the host without one).
 """
 
 import ctypes
@@ -241,3 +243,21 @@ def _amd_with_avx512(path="/proc/cpuinfo"):
         fields.get("vendor_id") == "AuthenticAMD"
         and "avx512f" in fields.get("flags", "").split()
     )
+
+
+@functools.cache
+def accelerator_available():
+    """Whether the Keras backend has a device other than the CPU (a GPU,
+    a TPU, Apple's MPS). Asked once per process: JAX and TensorFlow list
+    their devices, PyTorch is asked for CUDA and MPS."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        return bool(
+            torch.cuda.is_available() or torch.backends.mps.is_available()
+        )
+    if backend in ("jax", "tensorflow"):
+        devices = keras.distribution.list_devices()
+        return any(not d.lower().startswith("cpu") for d in devices)
+    return False

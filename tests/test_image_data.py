@@ -68,10 +68,13 @@ def test_image_batches_errors(rng):
         batches[2]
 
 
-def test_three_augment_is_reproducible_per_seed(rng):
+@pytest.mark.parametrize("implementation", ["host", "batched"])
+def test_three_augment_is_reproducible_per_seed(rng, implementation):
     images = _images(rng, 6, 16).astype("float32")
     labels = np.eye(3, dtype="float32")[[0, 1, 2, 0, 1, 2]]
-    augment = data.three_augment(mixup_alpha=0.8, cutmix_alpha=1.0)
+    augment = data.three_augment(
+        mixup_alpha=0.8, cutmix_alpha=1.0, implementation=implementation
+    )
     a = augment(images, labels, seed=3)
     b = augment(images, labels, seed=3)
     c = augment(images, labels, seed=4)
@@ -88,7 +91,10 @@ def test_compiled_augmentation_equals_eager_per_seed(rng):
     for seed in (3, 4):
         outputs = [
             data.three_augment(
-                mixup_alpha=0.8, cutmix_alpha=1.0, compiled=compiled
+                mixup_alpha=0.8,
+                cutmix_alpha=1.0,
+                compiled=compiled,
+                implementation="batched",
             )(images, labels, seed=seed)
             for compiled in (True, False)
         ]

@@ -259,3 +259,21 @@ def test_model_steps_compile_with_the_options(monkeypatch, automatic_options):
     seen.clear()
     model.make_predict_function(force=True)
     assert seen == ([None] if on_jax else [])
+
+
+def test_accelerator_available_asks_the_backend(monkeypatch):
+    runtime.accelerator_available.cache_clear()
+    assert runtime.accelerator_available() is False  # the CPU machines
+    runtime.accelerator_available.cache_clear()
+    if keras.backend.backend() == "torch":
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    else:
+        monkeypatch.setattr(
+            keras.distribution, "list_devices", lambda: ["cpu:0", "gpu:0"]
+        )
+    try:
+        assert runtime.accelerator_available() is True
+    finally:
+        runtime.accelerator_available.cache_clear()

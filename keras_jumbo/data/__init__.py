@@ -13,6 +13,10 @@ from keras_jumbo.data.augment import three_augment
 from keras_jumbo.data.fashion_mnist import FASHION_MNIST_DIR
 from keras_jumbo.data.fashion_mnist import load_fashion_mnist
 from keras_jumbo.data.fashion_mnist import read_idx
+from keras_jumbo.data.host_augment import HostRandAugment
+from keras_jumbo.data.host_augment import HostRandomFlip
+from keras_jumbo.data.host_augment import HostThreeAugment
+from keras_jumbo.data.host_augment import pil_rand_augment_op
 from keras_jumbo.data.images import ImageBatches
 from keras_jumbo.data.images import augmented_batches
 from keras_jumbo.data.images import image_directory_dataset
@@ -31,6 +35,9 @@ from keras_jumbo.data.time_series import ucr_uea_offline
 
 __all__ = [
     "BatchAugmentation",
+    "HostRandAugment",
+    "HostRandomFlip",
+    "HostThreeAugment",
     "ImageBatches",
     "MixUpOrCutMix",
     "OneOf",
@@ -43,6 +50,7 @@ __all__ = [
     "apply_rand_augment_op",
     "augmented_batches",
     "image_directory_dataset",
+    "pil_rand_augment_op",
     "rand_augment",
     "reseed",
     "tfds_dataset",

@@ -20,6 +20,7 @@ from keras import ops
 
 from keras_jumbo.layers._utils import check_number_in
 from keras_jumbo.layers._utils import check_positive_int
+from keras_jumbo.layers._utils import check_value_range
 
 RAND_AUGMENT_OPS = (
     "AutoContrast",
@@ -309,6 +310,33 @@ def apply_rand_augment_op(images, op, level, fill=(128, 128, 128)):
     )
 
 
+def check_rand_augment_args(
+    num_ops, magnitude, magnitude_std, prob, fill, value_range
+):
+    """RandAugment's arguments checked and normalised (`fill` to three
+    floats, `value_range` to a float pair), as a dict by name; a
+    `ValueError` naming the argument otherwise."""
+    checked = {
+        "num_ops": check_positive_int("num_ops", num_ops),
+        "magnitude": check_number_in("magnitude", magnitude, 0.0, 10.0),
+        "magnitude_std": check_number_in(
+            "magnitude_std", magnitude_std, 0.0, float("inf")
+        ),
+        "prob": check_number_in("prob", prob, 0.0, 1.0),
+    }
+    channels = fill if isinstance(fill, (tuple, list)) else (fill,) * 3
+    if len(channels) != 3:
+        raise ValueError(
+            "`fill` must be a number or three numbers in [0, 255]. "
+            f"Received: fill={fill!r}"
+        )
+    checked["fill"] = tuple(
+        check_number_in("fill", value, 0.0, 255.0) for value in channels
+    )
+    checked["value_range"] = check_value_range(value_range)
+    return checked
+
+
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class RandAugment(keras.layers.Layer):
     """timm's RandAugment with every choice made per image.
@@ -359,31 +387,11 @@ class RandAugment(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_ops = check_positive_int("num_ops", num_ops)
-        self.magnitude = check_number_in("magnitude", magnitude, 0.0, 10.0)
-        self.magnitude_std = check_number_in(
-            "magnitude_std", magnitude_std, 0.0, float("inf")
+        checked = check_rand_augment_args(
+            num_ops, magnitude, magnitude_std, prob, fill, value_range
         )
-        self.prob = check_number_in("prob", prob, 0.0, 1.0)
-        channels = fill if isinstance(fill, (tuple, list)) else (fill,) * 3
-        if len(channels) != 3:
-            raise ValueError(
-                "`fill` must be a number or three numbers in [0, 255]. "
-                f"Received: fill={fill!r}"
-            )
-        self.fill = tuple(
-            check_number_in("fill", value, 0.0, 255.0) for value in channels
-        )
-        if (
-            not isinstance(value_range, (tuple, list))
-            or len(value_range) != 2
-            or not value_range[0] < value_range[1]
-        ):
-            raise ValueError(
-                "`value_range` must be a pair (low, high) with low < high. "
-                f"Received: value_range={value_range!r}"
-            )
-        self.value_range = tuple(float(v) for v in value_range)
+        for name, value in checked.items():
+            setattr(self, name, value)
         self.seed = seed
         self.generator = keras.random.SeedGenerator(seed)
 

@@ -123,6 +123,21 @@ def check_number_in(name, value, low, high):
     return float(value)
 
 
+def check_value_range(value_range):
+    """Raise unless `value_range` is a pair `(low, high)` with low < high;
+    return it as two floats."""
+    if (
+        not isinstance(value_range, (tuple, list))
+        or len(value_range) != 2
+        or not value_range[0] < value_range[1]
+    ):
+        raise ValueError(
+            "`value_range` must be a pair (low, high) with low < high. "
+            f"Received: value_range={value_range!r}"
+        )
+    return tuple(float(v) for v in value_range)
+
+
 def check_rate(name, value):
     """Raise unless `value` is a float in [0, 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
