@@ -45,7 +45,7 @@ def test_patch_embedding_is_flatten_then_dense(rng):
 def test_patch_embedding_matmul_is_the_convolution(
     rng, data_format, shape, patch_size
 ):
-    # Every backend: the inference matmul (JAX's path) against the
+    # Every backend: the inference matmul (JAX's and PyTorch's path) against the
     # convolution, with a random kernel and bias.
     layer = PatchEmbedding(5, patch_size, data_format=data_format)
     x = rng.normal(size=shape).astype("float32")
@@ -60,7 +60,7 @@ def test_patch_embedding_matmul_is_the_convolution(
     assert_allclose(layer(x, training=True), convolution, atol=1e-5)
 
 
-def test_patch_embedding_matmul_only_for_plain_inference_on_jax():
+def test_patch_embedding_matmul_only_for_plain_inference():
     layer = PatchEmbedding(4, 2)
     layer.build((1, 4, 4, 3))
     on = keras.backend.backend() in patch_embedding.MATMUL_INFERENCE_BACKENDS
