@@ -268,7 +268,9 @@ def _smoke_data(args):
 # 1.71x faster a batch on JAX at 224 px, 1.21x on TensorFlow, the same on
 # PyTorch; `benchmarks/augment_throughput.py`); shorter runs (the smoke
 # runs, the tests) layer by layer, where compiling the whole program once
-# is not paid back.
+# is not paid back. Without an accelerator the augmentations run per image
+# on the host (`implementation="auto"`: `HostRandAugment`,
+# `HostThreeAugment`) and only the MixUp/CutMix step is compiled.
 AUGMENT_COMPILE_MIN_STEPS = 500
 
 

@@ -14,7 +14,8 @@ teacher seeing the same augmented image at 224 px
 Fine-tuning (`--stage finetune --init pretrain/model.keras`): 224 px,
 20 epochs, batch 512, weight decay 0.1, warm-up over 25% to 5e-5, cosine
 to 1e-5, MixUp 0.8 / CutMix 1.0, RandAugment (timm rand-m9-mstd0.5-inc1,
-per image: `keras_jumbo.data.RandAugment`), teacher
+per image: `keras_jumbo.data.RandAugment`, or `HostRandAugment` with
+Pillow without an accelerator), teacher
 `deit3_large_patch16_224.fb_in22k_ft_in1k` (87.0%) at 224 px. The 128 px
 model's position embeddings are resampled to the 224 px grid
 (`keras_jumbo.models.with_image_size`).
