@@ -14,6 +14,10 @@ implementation=...)` (`rand_augment`, the default, or `three_augment`):
   image with Pillow on the numpy batch (what `implementation="auto"`
   picks without an accelerator).
 
+The model compiles with Keras' default `jit_compile` (on TensorFlow
+without an accelerator: no XLA; the recipes turn XLA on for long runs), so
+the TensorFlow speed-ups are against a slower step than the recipes'.
+
 Prints each contender's images/s (median epoch) and the host / batched
 speed-up (median of the per-round ratios). On JAX the process keeps freed
 memory (`keep_freed_memory()`), as the image recipes do.
