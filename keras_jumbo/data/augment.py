@@ -512,8 +512,8 @@ AUGMENT_IMPLEMENTATIONS = ("auto", "host", "batched")
 
 
 def _resolve(implementation):
-    """ "host" or "batched" for `implementation` ("auto": host when Pillow
-    imports and the backend has no accelerator)."""
+    """`implementation` resolved to "host" or "batched" ("auto": host when
+    Pillow imports and the backend has no accelerator)."""
     if implementation not in AUGMENT_IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {AUGMENT_IMPLEMENTATIONS}. "

@@ -58,7 +58,7 @@ def _pil():
 
 
 def pil_available():
-    """Whether Pillow imports (the host RandAugment needs it)."""
+    """Whether Pillow imports (the host augmentations need it)."""
     try:
         _pil()
     except ImportError:
