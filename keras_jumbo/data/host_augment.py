@@ -19,6 +19,7 @@ rounding; the tests compare them); they do not draw the same choices from
 the same seed.
 """
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -35,9 +36,11 @@ from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_value_range
 
 
+@functools.cache
 def _pil():
-    """Pillow's modules used here, as attributes; an `ImportError` saying
-    how to install it otherwise."""
+    """Pillow's modules used here, as attributes (imported once, not per
+    image or operation); an `ImportError` saying how to install it
+    otherwise."""
     try:
         from PIL import Image
         from PIL import ImageEnhance
