@@ -2,7 +2,7 @@
 
 On the PyTorch backend Keras runs every op eagerly (or traces it once per
 shape under `torch.compile`), so what an op costs there is what the
-library's models cost. For these four, `keras.ops` leaves time on the
+library's models cost. For these, `keras.ops` leaves time on the
 table (measured on the official Jumbo pico, 128 px, batch 64, 2 CPU
 cores; `torch.profiler` and per-call timings in benchmarks/README.md,
 "Eager PyTorch: fused linear, reshape and LayerNorm"):
@@ -26,6 +26,9 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   views itself, with no copy. Eagerly on a CPU with fewer than
   `SHORT_ATTENTION_LENGTH` (192) queries, two matmuls and a softmax on
   those views replace the fused kernel, which is slower there.
+- `unstack`: `torch.unbind`, whose gradient is one `stack`; indexing
+  each slice costs a zero fill, a copy and an add of the whole tensor per
+  slice in the backward.
 - `batch_norm`, `batch_norm_training` (PyTorch only; `layers.
   BatchNormalization` calls them when `batch_norm_applies`): Keras'
   layer computes batch normalisation as ~8 element-wise ops (`ops.moments`
@@ -37,7 +40,7 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   per 64-bit draw, and a multiply: forward + backward 2.3x faster than
   the `bernoulli_` of Keras' `F.dropout`.
 
-Each of the first four is the `keras.ops` formula on JAX and TensorFlow, for
+Each of the first five is the `keras.ops` formula on JAX and TensorFlow, for
 symbolic inputs (`keras.KerasTensor`), and whenever the PyTorch kernel's
 preconditions do not hold; on PyTorch tensors it calls the kernel. Each is
 tested equal to the `keras.ops` formula on every backend
@@ -232,6 +235,19 @@ def reshape(x, shape):
     if _torch_tensors(x):
         return x.reshape(shape)
     return ops.reshape(x, shape)
+
+
+def unstack(x, axis):
+    """`ops.unstack(x, axis=axis)`: the slices of `x` along `axis`. On a
+    PyTorch tensor: `torch.unbind`, whose gradient is one `stack` of the
+    slices' gradients. Indexing each slice instead (`y[:, :, i]`) makes
+    autograd fill a zero tensor of `x`'s shape per slice, copy the
+    slice's gradient into it and add them up (the q/k/v split of eager
+    attention: 3 fills, 3 copies and 2 adds of `(batch, length, 3,
+    heads, head_dim)` per block)."""
+    if _torch_tensors(x):
+        return x.unbind(axis)
+    return ops.unstack(x, axis=axis)
 
 
 def layer_norm(x, gamma, beta, epsilon):

@@ -142,6 +142,51 @@ def test_reshape_equals_ops_reshape(rng):
     assert symbolic.shape == (None, 36)
 
 
+def test_unstack_equals_the_slices(rng):
+    x = _tensor(rng, (2, 5, 3, 4))
+    for axis in (0, 2, 3):
+        parts = _torch_kernels.unstack(x, axis)
+        expected = np.moveaxis(ops.convert_to_numpy(x), axis, 0)
+        assert len(parts) == x.shape[axis]
+        for part, want in zip(parts, expected, strict=True):
+            assert_allclose(part, want, atol=0)
+    symbolic = _torch_kernels.unstack(keras.KerasTensor((None, 5, 3, 4)), 2)
+    assert [tuple(t.shape) for t in symbolic] == [(None, 5, 4)] * 3
+
+
+class _WeightedSlices(keras.layers.Layer):
+    """`x * sum_i (i + 1) * w[:, i]` for a `(4, 3, 6)` weight `w`, its
+    slices taken with `_torch_kernels.unstack` along axis 1."""
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(4, 3, 6), initializer="zeros")
+
+    def call(self, x):
+        parts = _torch_kernels.unstack(ops.convert_to_tensor(self.w), 1)
+        return x * (parts[0] + 2.0 * parts[1] + 3.0 * parts[2])
+
+
+def test_unstack_gradient_reaches_each_slice(rng):
+    """One SGD step (lr 1, mean squared error to zero): slice `i` of the
+    weight moves by `(i + 1)` times the output's gradient, the other
+    slices' gradients not mixed in (torch's `unbind` backward stacks
+    them)."""
+    x = rng.normal(size=(2, 4, 6)).astype("float32")
+    w = rng.normal(size=(4, 3, 6)).astype("float32")
+    layer = _WeightedSlices()
+    inputs = keras.Input((4, 6))
+    model = keras.Model(inputs, layer(inputs))
+    layer.set_weights([w])
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+    model.train_on_batch(x, np.zeros_like(x))
+    coefficients = np.array([1.0, 2.0, 3.0], "float32")
+    y = x * np.einsum("aib,i->ab", w, coefficients)
+    # d loss / d w[:, i] = (i + 1) * sum over the batch of x * d loss / d y.
+    shared = (2.0 * y / y.size * x).sum(0)
+    grad = coefficients[None, :, None] * shared[:, None, :]
+    assert_allclose(layer.get_weights()[0], w - grad, 1e-5, 1e-5)
+
+
 def _layer_norm_reference(x, gamma, beta, epsilon):
     x = np.asarray(x, dtype="float64")
     mean = x.mean(-1, keepdims=True)
@@ -269,7 +314,7 @@ def test_kernels_take_the_torch_path_only_on_torch_tensors(rng, monkeypatch):
     """On PyTorch the torch kernels run (the `keras.ops` fallbacks are not
     called); elsewhere the fallbacks are what runs."""
     calls = []
-    for name in ("matmul", "reshape", "layer_normalization"):
+    for name in ("matmul", "reshape", "layer_normalization", "unstack"):
         original = getattr(_torch_kernels.ops, name)
 
         def spy(*args, _name=name, _original=original, **kwargs):
@@ -281,6 +326,7 @@ def test_kernels_take_the_torch_path_only_on_torch_tensors(rng, monkeypatch):
     _torch_kernels.linear(x, _tensor(rng, (8, 8)), _tensor(rng, (8,)))
     _torch_kernels.reshape(x, (10, 8))
     _torch_kernels.layer_norm(x, _tensor(rng, (8,)), _tensor(rng, (8,)), 1e-6)
+    _torch_kernels.unstack(x, 1)
     if ON_TORCH:
         assert calls == []
     else:
@@ -291,6 +337,7 @@ def test_kernels_take_the_torch_path_only_on_torch_tensors(rng, monkeypatch):
             "reshape",
             "reshape",
             "layer_normalization",
+            "unstack",
         ]
 
 

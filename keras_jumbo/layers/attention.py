@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_jumbo._torch_kernels import dot_product_attention
 from keras_jumbo._torch_kernels import reshape
+from keras_jumbo._torch_kernels import unstack
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
@@ -285,12 +286,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     def _fused_call(self, x):
         """The plain attention as one q/k/v matmul, fused attention on
         views of it and the output matmul."""
-        y = self._fused_qkv(x)
+        q, k, v = unstack(self._fused_qkv(x), axis=2)
         out = dot_product_attention(
-            y[:, :, 0],
-            y[:, :, 1],
-            y[:, :, 2],
-            scale=1.0 / math.sqrt(self.key_dim),
+            q, k, v, scale=1.0 / math.sqrt(self.key_dim)
         )
         return self._fused_project(out)
 
@@ -300,8 +298,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         it, the scores and the probabilities written out (attention
         dropout on them as in `call`), one output matmul. Returns the
         output before its dropout, and the scores."""
-        y = self._fused_qkv(x)
-        q, k, v = (ops.transpose(y[:, :, i], (0, 2, 1, 3)) for i in range(3))
+        q, k, v = (
+            ops.transpose(t, (0, 2, 1, 3))
+            for t in unstack(self._fused_qkv(x), axis=2)
+        )
         scores = self._scores(q, k, previous_scores)
         probs = softmax(scores, axis=-1)
         probs = dropout(self.attention_dropout, probs, training)
