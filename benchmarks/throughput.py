@@ -479,7 +479,9 @@ def main(argv=None):
                 f", training {deep['train_img_s'] / branchy['train_img_s']:.2f}"
             )
         print(
-            line + " (the paper's premise: 1.0; issue #15 goal <= 1.2 / 1.15)"
+            line + f" at {branchy['image_size']} px, batch "
+            f"{branchy['batch']} (the paper's premise: 1.0; issue #15 goal "
+            "<= 1.2 / 1.15, set at 224 px, batch 16)"
         )
     lean = by_name.get("non_deep_vit_6x2:nodiversity")
     if lean and deep and lean.get("train_img_s") and deep.get("train_img_s"):

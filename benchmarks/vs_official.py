@@ -74,7 +74,10 @@ batch is a tensor of its framework, made once before the timed loop (the
 official code's `torch.randn`; `keras.ops.convert_to_tensor` for
 keras_jumbo), so none copies its input from NumPy inside the loop.
 Ratios: inference against `official_compile`, both training measures
-against `official` (eager). FLOP utilisation =
+against `official` (eager); `ratio` is the ratio of the medians,
+`round_ratio` the median of each round's own ratio (both sides measured
+minutes apart, so the steadier one when the machine has slow phases).
+FLOP utilisation =
 FLOPs per image x images/s / the fp32 matmul peak measured in the same run
 (the best of a 2048^3 `torch.matmul` and a jitted JAX `dot`); FLOPs per
 image = 2 x `count_macs` for inference and 3x that for a training step
@@ -606,8 +609,8 @@ def summarize(results, peak_gflops, macs):
     rows = []
     for measure in MEASURES:
         base_contender, base_measure = reference[measure]
-        base = results.get(base_contender, {}).get(base_measure)
-        base = statistics.median(base) if base else None
+        base_rounds = results.get(base_contender, {}).get(base_measure)
+        base = statistics.median(base_rounds) if base_rounds else None
         for contender, measures in results.items():
             if not measures.get(measure):
                 continue
@@ -619,6 +622,7 @@ def summarize(results, peak_gflops, macs):
                     "images_per_second": rate,
                     "rounds": len(measures[measure]),
                     "ratio": rate / base if base else None,
+                    "round_ratio": _round_ratio(measures[measure], base_rounds),
                     "flop_utilisation": (
                         flops[measure] * rate / (peak_gflops * 1e9)
                         if macs and peak_gflops
@@ -627,6 +631,20 @@ def summarize(results, peak_gflops, macs):
                 }
             )
     return rows
+
+
+def _round_ratio(rates, base_rates):
+    """The median over rounds of `rate / base rate` in the same round, or
+    None without a reference measured in every round. A round's
+    contenders run one after another, so a slow phase of the machine that
+    lasts a round or two moves both sides of its ratio; the ratio of the
+    medians (`ratio`) can pair a contender's fast round with the
+    reference's slow one."""
+    if not base_rates or len(base_rates) != len(rates):
+        return None
+    return statistics.median(
+        rate / base for rate, base in zip(rates, base_rates, strict=True)
+    )
 
 
 def main(argv=None):
@@ -767,11 +785,15 @@ def main(argv=None):
         "threads"
     )
     print(
-        "| contender | measure | img/s | ratio | FLOP utilisation |\n"
-        "|---|---|---|---|---|"
+        "| contender | measure | img/s | ratio | ratio per round (median) "
+        "| FLOP utilisation |\n"
+        "|---|---|---|---|---|---|"
     )
     for row in rows:
         ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        round_ratio = (
+            "" if row["round_ratio"] is None else f"{row['round_ratio']:.2f}"
+        )
         util = (
             ""
             if row["flop_utilisation"] is None
@@ -779,7 +801,8 @@ def main(argv=None):
         )
         print(
             f"| {row['contender']} | {row['measure']} | "
-            f"{row['images_per_second']:.0f} | {ratio} | {util} |"
+            f"{row['images_per_second']:.0f} | {ratio} | {round_ratio} | "
+            f"{util} |"
         )
     if args.csv:
         os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
