@@ -8,7 +8,11 @@ images/s, Tables 5-6).
 
 Both models run through Keras' compiled predict function (XLA on JAX,
 tf.function on TensorFlow, eager on PyTorch) on random 128 px images,
-after warm-up. The two models are timed in `--rounds` interleaved rounds
+after warm-up. The batch is a tensor of the backend, made once (as in
+`vs_official.py`: no copy from NumPy inside the timed loop). On JAX the
+process first calls `keras_jumbo.runtime.keep_freed_memory()`, as the
+image recipes do (`--allocator auto`, the default; `--allocator default`
+measures without it). The two models are timed in `--rounds` interleaved rounds
 (the order alternates), so a slow phase of a shared machine hits both;
 the script prints each round's ratio and the median images/s and ratio.
 Beside it, the ratio the two models' multiply-accumulates alone predict
@@ -25,6 +29,7 @@ Command:
 import argparse
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -36,6 +41,11 @@ from keras_jumbo.models import JumboViT  # noqa: E402
 from keras_jumbo.models import RegistersViT  # noqa: E402
 from keras_jumbo.models import count_macs  # noqa: E402
 
+# The recipes' `--allocator` policy, shared (`recipes/` sits beside this
+# directory and is not installed).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recipes.common import apply_allocator  # noqa: E402
+
 
 def images_per_second(model, images, steps, warmup):
     for _ in range(warmup):
@@ -43,7 +53,7 @@ def images_per_second(model, images, steps, warmup):
     start = time.perf_counter()
     for _ in range(steps):
         keras.ops.convert_to_numpy(model.predict_on_batch(images))
-    return steps * len(images) / (time.perf_counter() - start)
+    return steps * images.shape[0] / (time.perf_counter() - start)
 
 
 def compare(jumbo, registers, images, steps, warmup, rounds):
@@ -77,19 +87,30 @@ def main(argv=None):
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16"]
     )
+    parser.add_argument(
+        "--allocator",
+        choices=("auto", "default"),
+        default="auto",
+        help="auto (what the image recipes do): on JAX, "
+        "keras_jumbo.runtime.keep_freed_memory() before the first "
+        "computation; default: glibc's defaults",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1; received {args.rounds}")
+    kept = apply_allocator(args.allocator)
     if args.dtype == "bfloat16":
         keras.config.set_dtype_policy("mixed_bfloat16")
     rng = np.random.default_rng(0)
-    images = rng.normal(
-        size=(args.batch, args.image_size, args.image_size, 3)
-    ).astype("float32")
+    images = keras.ops.convert_to_tensor(
+        rng.normal(
+            size=(args.batch, args.image_size, args.image_size, 3)
+        ).astype("float32")
+    )
     print(
         f"backend={keras.backend.backend()} dtype={args.dtype} "
         f"batch={args.batch} steps={args.steps} rounds={args.rounds} "
-        f"image={args.image_size}px"
+        f"image={args.image_size}px allocator={'kept' if kept else 'default'}"
     )
     print(
         f"{'size':<6} {'Jumbo img/s':>12} {'Registers img/s':>16} "
