@@ -41,6 +41,32 @@ def test_image_batches_epoch_order_and_normalisation(rng):
     np.testing.assert_array_equal(batches[2][0], again[2][0])
 
 
+@pytest.mark.parametrize(
+    "mean, std",
+    [
+        ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        (0.5, 0.25),
+        ((0.3,), (0.2,)),
+        (np.full((7, 3), 0.4), (0.2, 0.3, 0.5)),  # not per channel
+    ],
+)
+def test_normalize_is_the_formula_bit_for_bit(rng, mean, std):
+    """The tiled, in-place normalisation gives exactly the broadcast
+    formula's float32 numbers, and leaves its (read-only) input alone."""
+    from keras_jumbo.data.images import _normalize
+
+    images = rng.integers(0, 256, (4, 5, 7, 3)).astype("float32")
+    images.setflags(write=False)
+    before = images.copy()
+    mean = np.asarray(mean, "float32")
+    std = np.asarray(std, "float32")
+    out = _normalize(images, 255.0, mean, std)
+    expected = (images / 255.0 - mean) / std
+    assert out.dtype == np.float32 and out.shape == images.shape
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(images, before)
+
+
 def test_image_batches_errors(rng):
     with pytest.raises(ValueError, match="images"):
         data.ImageBatches(np.zeros((4, 8, 8)), np.zeros(4), 2)
