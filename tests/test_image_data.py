@@ -305,3 +305,38 @@ def test_epoch_seed_and_multi_architecture_batches_resume(rng):
         (xa, ya), (xb, yb) = a[index], b[index]
         np.testing.assert_array_equal(ya, yb)
         np.testing.assert_array_equal(xa["architecture"], xb["architecture"])
+
+
+def test_augmented_batches_normalise_and_seed_each_pass(rng):
+    """Batches of any iterable, normalised as `ImageBatches` (exact float32
+    formula), the augmentation called with the seed `(seed, pass, i)`,
+    looping over the dataset forever."""
+    from keras_jumbo.data.augment import step_seed
+
+    batches = [
+        (_images(rng, 2), np.eye(3, dtype="float32")[[0, 1]]),
+        (_images(rng, 2), np.eye(3, dtype="float32")[[2, 0]]),
+    ]
+    seeds = []
+
+    def augmentation(images, labels, seed):
+        seeds.append(seed)
+        return images, labels
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    stream = data.augmented_batches(batches, augmentation, 7, mean, std)
+    for step in range(5):
+        x, y = next(stream)
+        images, labels = batches[step % 2]
+        expected = (
+            images.astype("float32") / 255.0 - np.asarray(mean, "float32")
+        ) / np.asarray(std, "float32")
+        np.testing.assert_array_equal(x, expected)
+        np.testing.assert_array_equal(y, labels)
+    assert seeds == [
+        step_seed(7, 0, 0),
+        step_seed(7, 0, 1),
+        step_seed(7, 1, 0),
+        step_seed(7, 1, 1),
+        step_seed(7, 2, 0),
+    ]

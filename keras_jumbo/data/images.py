@@ -308,6 +308,6 @@ def augmented_batches(dataset, augmentation, seed=0, mean=None, std=None):
                 )
             images = np.asarray(images, "float32")
             if mean is not None:
-                images = (images / 255.0 - mean) / std
+                images = _normalize(images, 255.0, mean, std)
             yield images, np.asarray(labels)
         epoch += 1
