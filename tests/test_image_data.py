@@ -340,3 +340,30 @@ def test_augmented_batches_normalise_and_seed_each_pass(rng):
         step_seed(7, 1, 1),
         step_seed(7, 2, 0),
     ]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_image_batches_cover_each_epoch_once_and_follow_set_epoch(rng, shuffle):
+    """Every example once per epoch, the last batch partial; the epoch's
+    order is kept between batches and follows `set_epoch` both ways."""
+    images = _images(rng, 10, size=2)
+    labels = np.arange(10)
+    batches = data.ImageBatches(images, labels, 4, shuffle=shuffle, seed=3)
+
+    def epoch_labels():
+        return [batches[i][1].tolist() for i in range(len(batches))]
+
+    first = epoch_labels()
+    assert [len(b) for b in first] == [4, 4, 2]
+    assert sorted(sum(first, [])) == list(range(10))
+    if not shuffle:
+        assert sum(first, []) == list(range(10))
+    batches.set_epoch(1)
+    second = epoch_labels()
+    assert sorted(sum(second, [])) == list(range(10))
+    assert (second != first) == shuffle
+    batches.set_epoch(0)
+    assert epoch_labels() == first
+    fresh = data.ImageBatches(images, labels, 4, shuffle=shuffle, seed=3)
+    fresh.set_epoch(1)
+    assert [fresh[i][1].tolist() for i in range(3)] == second
