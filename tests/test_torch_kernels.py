@@ -498,3 +498,232 @@ def test_onednn_preferred_only_on_amd_cpus(monkeypatch):
             )
         assert _torch_kernels.onednn_preferred() is expected
         assert _torch_kernels._ONEDNN == {"preferred": expected}
+
+
+# --- summed_gradients: a shared kernel's gradient in one product ----------
+
+
+def _shared_dense(rng, trainable=True):
+    kernel = keras.Variable(
+        (rng.normal(size=(8, 8)) / 3).astype("float32"), trainable=trainable
+    )
+    bias = keras.Variable(rng.normal(size=(8,)).astype("float32"))
+    return kernel, bias
+
+
+def _chain(x, kernel, bias):
+    """Four uses of one kernel (the variables' values, as `dense` passes
+    them): 3-D rows, a strided slice of them, no bias, 2-D rows; returns
+    every use's output."""
+    kernel, bias = kernel.value, bias.value
+    h1 = ops.tanh(_torch_kernels.linear(x, kernel, bias))
+    h2 = ops.tanh(_torch_kernels.linear(h1[:, ::2], kernel, bias))
+    h3 = ops.tanh(_torch_kernels.linear(h2, kernel))
+    h4 = _torch_kernels.linear(ops.reshape(h3, (-1, 8)), kernel, bias)
+    return h1, h2, h3, h4
+
+
+def _spy_entries(monkeypatch):
+    """The `_Uses` entries each `summed_gradients` context makes."""
+    made = []
+    original = _torch_kernels._summed_entries
+
+    def spy(variables):
+        entries = original(variables)
+        made.append(entries)
+        return entries
+
+    monkeypatch.setattr(_torch_kernels, "_summed_entries", spy)
+    return made
+
+
+def _off_torch_does_nothing(rng, monkeypatch):
+    """False on PyTorch; elsewhere checks that `summed_gradients` sets
+    nothing up (JAX and TensorFlow differentiate the traced step whole),
+    and is True: the PyTorch autograd checks that follow do not apply."""
+    if ON_TORCH:
+        return False
+    made = _spy_entries(monkeypatch)
+    kernel, bias = _shared_dense(rng)
+    with _torch_kernels.summed_gradients([kernel, bias]):
+        assert _torch_kernels._SUMMED.get() is None
+    assert made == [None]
+    return True
+
+
+def test_summed_gradients_keeps_values_on_every_backend(rng):
+    kernel, bias = _shared_dense(rng)
+    x = _tensor(rng, (2, 6, 8))
+    expected = _chain(x, kernel, bias)[-1]
+    with _torch_kernels.summed_gradients([kernel, bias]):
+        out = _chain(x, kernel, bias)[-1]
+    assert_allclose(out, expected, atol=1e-6)
+
+
+def test_summed_gradients_equal_the_per_use_gradients(rng, monkeypatch):
+    """Input, kernel and bias gradients through four uses (one without
+    the bias, one on a strided view) equal autograd's per-use sum; the
+    kernel and bias each took four uses and their rows were consumed by
+    one backward computation."""
+    if _off_torch_does_nothing(rng, monkeypatch):
+        return
+    import torch
+
+    kernel, bias = _shared_dense(rng)
+    x_np = rng.normal(size=(2, 6, 8)).astype("float32")
+    g_np = rng.normal(size=(6, 8)).astype("float32")
+
+    def grads(summed):
+        x = torch.tensor(x_np, requires_grad=True)
+        for variable in (kernel, bias):
+            variable.value.grad = None
+        context = _torch_kernels.summed_gradients(
+            [kernel, bias] if summed else []
+        )
+        with context:
+            out = _chain(x, kernel, bias)[-1]
+        (out * torch.tensor(g_np)).sum().backward()
+        return x.grad, kernel.value.grad.clone(), bias.value.grad.clone()
+
+    made = _spy_entries(monkeypatch)
+    expected = grads(summed=False)
+    actual = grads(summed=True)
+    for a, e in zip(actual, expected, strict=True):
+        assert_allclose(a, e, atol=1e-5, rtol=1e-5)
+    entries = made[-1]
+    uses = [entries[id(v.value)] for v in (kernel, bias)]
+    assert [u.count for u in uses] == [4, 3]
+    assert [u.rows for u in uses] == [{}, {}]
+
+
+def test_summed_gradients_count_only_the_rows_of_their_own_pass(
+    rng, monkeypatch
+):
+    """A pass that computes an input's gradient only leaves rows behind
+    (the parameter's node is not run); a later pass on the same graph
+    that reaches fewer uses must not count them."""
+    if _off_torch_does_nothing(rng, monkeypatch):
+        return
+    import torch
+
+    kernel, bias = _shared_dense(rng)
+    x = torch.tensor(rng.normal(size=(2, 6, 8)).astype("float32"))
+    x.requires_grad_(True)
+    with _torch_kernels.summed_gradients([kernel, bias]):
+        h1, h2, h3, h4 = _chain(x, kernel, bias)
+    torch.autograd.grad(h4.sum(), [x], retain_graph=True)
+    h1.sum().backward()
+    rows = x.detach().numpy().reshape(-1, 8)
+    k_np, b_np = (v.value.detach().numpy() for v in (kernel, bias))
+    d = 1 - np.tanh(rows @ k_np + b_np) ** 2  # d h1.sum() / d pre-activation
+    assert_allclose(kernel.value.grad, rows.T @ d, atol=1e-5, rtol=1e-5)
+    assert_allclose(bias.value.grad, d.sum(0), atol=1e-5, rtol=1e-5)
+
+
+def test_summed_gradients_apply_only_where_autograd_runs_eagerly(
+    rng, monkeypatch
+):
+    """No entries (the usual `linear`) without gradients, for a frozen
+    variable, under `torch.compile`, or with no variables."""
+    if _off_torch_does_nothing(rng, monkeypatch):
+        return
+    import torch
+
+    kernel, bias = _shared_dense(rng)
+    frozen, _ = _shared_dense(rng, trainable=False)
+    made = _spy_entries(monkeypatch)
+    with torch.no_grad(), _torch_kernels.summed_gradients([kernel, bias]):
+        pass
+    with _torch_kernels.summed_gradients([frozen]):
+        pass
+    with _torch_kernels.summed_gradients([]):
+        pass
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with _torch_kernels.summed_gradients([kernel, bias]):
+        assert _torch_kernels._summed_uses(kernel.value, bias.value) is None
+    assert not any(made)
+
+
+def test_summed_gradients_on_onednn_use_one_kernel_product(rng, monkeypatch):
+    """Where oneDNN is preferred: the same gradients, with the kernel's
+    computed by one oneDNN product over the rows of all its uses."""
+    if _off_torch_does_nothing(rng, monkeypatch):
+        return
+    import torch
+
+    kernel, bias = _shared_dense(rng)
+    x_np = rng.normal(size=(2, 6, 8)).astype("float32")
+
+    def grads(summed):
+        x = torch.tensor(x_np, requires_grad=True)
+        for variable in (kernel, bias):
+            variable.value.grad = None
+        context = _torch_kernels.summed_gradients(
+            [kernel, bias] if summed else []
+        )
+        with context:
+            out = _chain(x, kernel, bias)[-1]
+        out.square().sum().backward()
+        return x.grad, kernel.value.grad.clone(), bias.value.grad.clone()
+
+    expected = grads(summed=False)
+    calls = _onednn_spy(monkeypatch, min_macs=0)
+    actual = grads(summed=True)
+    for a, e in zip(actual, expected, strict=True):
+        assert_allclose(a, e, atol=1e-5, rtol=1e-5)
+    # Forward: 4 products; backward: 4 input gradients and one kernel
+    # gradient over 12 + 6 + 6 + 6 rows.
+    assert calls.count((8, 30)) == 1
+    assert len(calls) == 9
+
+
+def test_transformer_encoder_sums_its_shared_jumbo_ffn_gradients(
+    rng, monkeypatch
+):
+    """An encoder whose blocks share one Jumbo FFN (official release):
+    same outputs on every backend and, on PyTorch, the same gradients for
+    every weight as without the summation, which ran on the shared
+    FFN's four weights."""
+    from keras_jumbo.layers import MLP
+    from keras_jumbo.layers import JumboBlock
+    from keras_jumbo.layers import TransformerEncoder
+    from keras_jumbo.layers import transformer_encoder
+    from keras_jumbo.testing import randomize_weights
+
+    encoder = TransformerEncoder(
+        [
+            JumboBlock(2, 16, jumbo_multiplier=2, share_jumbo_mlp=True)
+            for _ in range(3)
+        ],
+        shared_jumbo_mlp=MLP(24),
+    )
+    x_np = rng.normal(size=(3, 2 + 5, 8)).astype("float32")
+    encoder.build(x_np.shape)
+    randomize_weights(encoder)
+    made = _spy_entries(monkeypatch)
+
+    def run(summed):
+        if not summed:
+            monkeypatch.setattr(
+                transformer_encoder,
+                "summed_gradients",
+                lambda variables: _torch_kernels.summed_gradients([]),
+            )
+        if not ON_TORCH:
+            return [encoder(ops.convert_to_tensor(x_np), training=True)]
+        for variable in encoder.trainable_variables:
+            variable.value.grad = None
+        out = encoder(ops.convert_to_tensor(x_np), training=True)
+        out.square().sum().backward()
+        return [out.detach()] + [
+            v.value.grad.clone() for v in encoder.trainable_variables
+        ]
+
+    actual = run(summed=True)
+    entries = made[-1]
+    expected = run(summed=False)
+    for a, e in zip(actual, expected, strict=True):
+        assert_allclose(a, e, atol=1e-5, rtol=1e-5)
+    if ON_TORCH:
+        shared = encoder.shared_jumbo_mlp.trainable_variables
+        assert [entries[id(v.value)].count for v in shared] == [3] * 4
