@@ -523,6 +523,22 @@ def _chain(x, kernel, bias):
     return h1, h2, h3, h4
 
 
+def _chain_gradients(x_np, kernel, bias, summed, upstream=None):
+    """Input, kernel and bias gradients of `sum(_chain(...)[-1] *
+    upstream)` (default: of its squares' sum), with `summed_gradients`
+    over the kernel and bias or over nothing (PyTorch)."""
+    import torch
+
+    x = torch.tensor(x_np, requires_grad=True)
+    for variable in (kernel, bias):
+        variable.value.grad = None
+    with _torch_kernels.summed_gradients([kernel, bias] if summed else []):
+        out = _chain(x, kernel, bias)[-1]
+    upstream = out.detach() * 2 if upstream is None else upstream
+    (out * torch.as_tensor(upstream)).sum().backward()
+    return x.grad, kernel.value.grad.clone(), bias.value.grad.clone()
+
+
 def _spy_entries(monkeypatch):
     """The `_Uses` entries each `summed_gradients` context makes."""
     made = []
@@ -567,27 +583,14 @@ def test_summed_gradients_equal_the_per_use_gradients(rng, monkeypatch):
     one backward computation."""
     if _off_torch_does_nothing(rng, monkeypatch):
         return
-    import torch
 
     kernel, bias = _shared_dense(rng)
     x_np = rng.normal(size=(2, 6, 8)).astype("float32")
     g_np = rng.normal(size=(6, 8)).astype("float32")
 
-    def grads(summed):
-        x = torch.tensor(x_np, requires_grad=True)
-        for variable in (kernel, bias):
-            variable.value.grad = None
-        context = _torch_kernels.summed_gradients(
-            [kernel, bias] if summed else []
-        )
-        with context:
-            out = _chain(x, kernel, bias)[-1]
-        (out * torch.tensor(g_np)).sum().backward()
-        return x.grad, kernel.value.grad.clone(), bias.value.grad.clone()
-
     made = _spy_entries(monkeypatch)
-    expected = grads(summed=False)
-    actual = grads(summed=True)
+    expected = _chain_gradients(x_np, kernel, bias, False, g_np)
+    actual = _chain_gradients(x_np, kernel, bias, True, g_np)
     for a, e in zip(actual, expected, strict=True):
         assert_allclose(a, e, atol=1e-5, rtol=1e-5)
     entries = made[-1]
@@ -649,26 +652,13 @@ def test_summed_gradients_on_onednn_use_one_kernel_product(rng, monkeypatch):
     computed by one oneDNN product over the rows of all its uses."""
     if _off_torch_does_nothing(rng, monkeypatch):
         return
-    import torch
 
     kernel, bias = _shared_dense(rng)
     x_np = rng.normal(size=(2, 6, 8)).astype("float32")
 
-    def grads(summed):
-        x = torch.tensor(x_np, requires_grad=True)
-        for variable in (kernel, bias):
-            variable.value.grad = None
-        context = _torch_kernels.summed_gradients(
-            [kernel, bias] if summed else []
-        )
-        with context:
-            out = _chain(x, kernel, bias)[-1]
-        out.square().sum().backward()
-        return x.grad, kernel.value.grad.clone(), bias.value.grad.clone()
-
-    expected = grads(summed=False)
+    expected = _chain_gradients(x_np, kernel, bias, summed=False)
     calls = _onednn_spy(monkeypatch, min_macs=0)
-    actual = grads(summed=True)
+    actual = _chain_gradients(x_np, kernel, bias, summed=True)
     for a, e in zip(actual, expected, strict=True):
         assert_allclose(a, e, atol=1e-5, rtol=1e-5)
     # Forward: 4 products; backward: 4 input gradients and one kernel
