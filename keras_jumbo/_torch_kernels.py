@@ -262,7 +262,7 @@ def summed_gradients(variables):
     additions: 31 ms of a 247 ms pico training step (`torch.profiler`,
     batch 32, 128 px). The sum is the one product
     `[x_1; ...; x_L]ᵀ·[g_1; ...; g_L]`: the same number of
-    multiply-adds, one output (2.5-3x faster for these shapes;
+    multiply-adds, one output (1.7-2.7x faster for these shapes;
     benchmarks/README.md, "Eager PyTorch: the shared Jumbo FFN's kernel
     gradient once"). Each use's backward keeps its rows (its input and
     the incoming gradient); the parameter's own node, which autograd runs
