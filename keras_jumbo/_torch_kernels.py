@@ -39,8 +39,8 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   layer without a seed): 32 random bits per element, drawn two elements
   per 64-bit draw, and a multiply: forward + backward 2.3x faster than
   the `bernoulli_` of Keras' `F.dropout`.
-- `summed_gradients` (a context; PyTorch eager training only;
-  `TransformerEncoder` opens it over its shared Jumbo FFN): a kernel used
+- `summed_gradients` (PyTorch eager training only; `TransformerEncoder`
+  runs its blocks through it over its shared Jumbo FFN): a kernel used
   by several `linear` calls in one forward pass gets its gradient from
   one product over the rows of all its uses instead of one product and
   one kernel-sized addition per use (JumboViT pico, official
@@ -56,7 +56,6 @@ as 2-D rows, which gives XLA a copy-free kernel gradient (see its
 docstring).
 """
 
-import contextlib
 import contextvars
 
 import keras
@@ -248,11 +247,11 @@ _SUMMED = contextvars.ContextVar("keras_jumbo_summed_gradients", default=None)
 _SUMMED_FUNCTIONS = {}
 
 
-@contextlib.contextmanager
-def summed_gradients(variables):
-    """Inside this context, eager PyTorch computes the gradient of each
-    of `variables` used as a `linear` kernel or bias once per backward
-    pass, from the rows of all its uses, instead of once per use.
+def summed_gradients(variables, function):
+    """`function()`, during which eager PyTorch computes the gradient of
+    each of `variables` used as a `linear` kernel or bias once per
+    backward pass, from the rows of all its uses, instead of once per
+    use.
 
     A kernel used L times in a forward pass (the Jumbo FFN that
     `TransformerEncoder` shares between its blocks: 12 uses of two
@@ -274,20 +273,27 @@ def summed_gradients(variables):
     trainable variables among `variables` whose values `linear` receives
     unchanged (float32 under the default policy; a mixed-precision cast
     makes a new tensor per use, which keeps the usual gradient).
-    Elsewhere it does nothing: JAX and TensorFlow differentiate the traced
-    step whole.
+    Elsewhere it only calls `function`: JAX and TensorFlow differentiate
+    the traced step whole. It is a call, not a `with` block, so that
+    `torch.compile` traces nothing of it but `function` (Dynamo breaks
+    the graph at a generator context manager and at a `ContextVar`; a
+    break in every block made the compiled pico predict step 1.5x
+    slower).
 
     Args:
         variables: the `keras.Variable`s to sum (e.g. a shared layer's
             `trainable_variables`).
+        function: a callable of no arguments (the forward pass).
+
+    Returns:
+        `function()`.
     """
     entries = _summed_entries(variables)
     if not entries:
-        yield
-        return
+        return function()
     token = _SUMMED.set(entries)
     try:
-        yield
+        return function()
     finally:
         _SUMMED.reset(token)
 
@@ -297,7 +303,7 @@ def _summed_entries(variables):
         return None
     import torch
 
-    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
         return None
     entries = {}
     for variable in variables:
@@ -330,7 +336,12 @@ class _Uses:
 
 def _summed_uses(kernel, bias):
     """`(kernel uses, bias uses or None)` when `linear(x, kernel, bias)`
-    sums its gradients (`summed_gradients`), else None."""
+    sums its gradients (`summed_gradients`), else None. Under
+    `torch.compile` it reads nothing (Dynamo cannot trace a `ContextVar`)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return None
     entries = _SUMMED.get()
     if entries is None:
         return None
@@ -338,8 +349,6 @@ def _summed_uses(kernel, bias):
     bias_uses = None if bias is None else entries.get(id(bias))
     if kernel_uses is None or (bias is not None and bias_uses is None):
         return None
-    import torch
-
     if not torch.is_grad_enabled() or kernel_uses.parameter is not kernel:
         return None
     return kernel_uses, bias_uses

@@ -532,15 +532,16 @@ def _chain_gradients(x_np, kernel, bias, summed, upstream=None):
     x = torch.tensor(x_np, requires_grad=True)
     for variable in (kernel, bias):
         variable.value.grad = None
-    with _torch_kernels.summed_gradients([kernel, bias] if summed else []):
-        out = _chain(x, kernel, bias)[-1]
+    out = _torch_kernels.summed_gradients(
+        [kernel, bias] if summed else [], lambda: _chain(x, kernel, bias)
+    )[-1]
     upstream = out.detach() * 2 if upstream is None else upstream
     (out * torch.as_tensor(upstream)).sum().backward()
     return x.grad, kernel.value.grad.clone(), bias.value.grad.clone()
 
 
 def _spy_entries(monkeypatch):
-    """The `_Uses` entries each `summed_gradients` context makes."""
+    """The `_Uses` entries each `summed_gradients` call makes."""
     made = []
     original = _torch_kernels._summed_entries
 
@@ -561,9 +562,12 @@ def _off_torch_does_nothing(rng, monkeypatch):
         return False
     made = _spy_entries(monkeypatch)
     kernel, bias = _shared_dense(rng)
-    with _torch_kernels.summed_gradients([kernel, bias]):
-        assert _torch_kernels._SUMMED.get() is None
-    assert made == [None]
+    _torch_kernels.summed_gradients(
+        [kernel, bias], lambda: _torch_kernels._SUMMED.get() is None
+    )
+    assert _torch_kernels.summed_gradients([kernel, bias], lambda: 7) == 7
+    assert _torch_kernels._SUMMED.get() is None
+    assert made == [None, None]
     return True
 
 
@@ -571,8 +575,9 @@ def test_summed_gradients_keeps_values_on_every_backend(rng):
     kernel, bias = _shared_dense(rng)
     x = _tensor(rng, (2, 6, 8))
     expected = _chain(x, kernel, bias)[-1]
-    with _torch_kernels.summed_gradients([kernel, bias]):
-        out = _chain(x, kernel, bias)[-1]
+    out = _torch_kernels.summed_gradients(
+        [kernel, bias], lambda: _chain(x, kernel, bias)
+    )[-1]
     assert_allclose(out, expected, atol=1e-6)
 
 
@@ -612,8 +617,9 @@ def test_summed_gradients_count_only_the_rows_of_their_own_pass(
     kernel, bias = _shared_dense(rng)
     x = torch.tensor(rng.normal(size=(2, 6, 8)).astype("float32"))
     x.requires_grad_(True)
-    with _torch_kernels.summed_gradients([kernel, bias]):
-        h1, h2, h3, h4 = _chain(x, kernel, bias)
+    h1, h2, h3, h4 = _torch_kernels.summed_gradients(
+        [kernel, bias], lambda: _chain(x, kernel, bias)
+    )
     torch.autograd.grad(h4.sum(), [x], retain_graph=True)
     h1.sum().backward()
     rows = x.detach().numpy().reshape(-1, 8)
@@ -635,16 +641,30 @@ def test_summed_gradients_apply_only_where_autograd_runs_eagerly(
     kernel, bias = _shared_dense(rng)
     frozen, _ = _shared_dense(rng, trainable=False)
     made = _spy_entries(monkeypatch)
-    with torch.no_grad(), _torch_kernels.summed_gradients([kernel, bias]):
-        pass
-    with _torch_kernels.summed_gradients([frozen]):
-        pass
-    with _torch_kernels.summed_gradients([]):
-        pass
+    x = _tensor(rng, (3, 8))
+
+    def uses():
+        _torch_kernels.linear(x, kernel.value, bias.value)
+        return _torch_kernels._summed_uses(kernel.value, bias.value)
+
+    with torch.no_grad():
+        assert _torch_kernels.summed_gradients([kernel, bias], uses) is None
+    assert _torch_kernels.summed_gradients([frozen], uses) is None
+    assert _torch_kernels.summed_gradients([], uses) is None
+    # Under torch.compile nothing is set up, and `linear` does not read
+    # the entries of an eager caller (Dynamo cannot trace a ContextVar).
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    with _torch_kernels.summed_gradients([kernel, bias]):
-        assert _torch_kernels._summed_uses(kernel.value, bias.value) is None
+    assert _torch_kernels.summed_gradients([kernel, bias], uses) is None
     assert not any(made)
+    monkeypatch.undo()
+    entries = _torch_kernels._summed_entries([kernel, bias])
+    token = _torch_kernels._SUMMED.set(entries)
+    try:
+        assert _torch_kernels._summed_uses(kernel.value, bias.value)
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert _torch_kernels._summed_uses(kernel.value, bias.value) is None
+    finally:
+        _torch_kernels._SUMMED.reset(token)
 
 
 def test_summed_gradients_on_onednn_use_one_kernel_product(rng, monkeypatch):
@@ -697,7 +717,7 @@ def test_transformer_encoder_sums_its_shared_jumbo_ffn_gradients(
             monkeypatch.setattr(
                 transformer_encoder,
                 "summed_gradients",
-                lambda variables: _torch_kernels.summed_gradients([]),
+                lambda variables, function: function(),
             )
         if not ON_TORCH:
             return [encoder(ops.convert_to_tensor(x_np), training=True)]
@@ -717,3 +737,40 @@ def test_transformer_encoder_sums_its_shared_jumbo_ffn_gradients(
     if ON_TORCH:
         shared = encoder.shared_jumbo_mlp.trainable_variables
         assert [entries[id(v.value)].count for v in shared] == [3] * 4
+
+
+def test_shared_jumbo_ffn_encoder_compiles_without_graph_breaks(
+    rng, monkeypatch
+):
+    """Under `torch.compile` the encoder's summation is not traced: Dynamo
+    makes one graph of a shared-FFN encoder's forward, in training and at
+    inference (a `ContextVar` read in every `linear` once broke it into
+    one graph per product)."""
+    if _off_torch_does_nothing(rng, monkeypatch):
+        return
+    import torch
+
+    from keras_jumbo.layers import MLP
+    from keras_jumbo.layers import JumboBlock
+    from keras_jumbo.layers import TransformerEncoder
+
+    encoder = TransformerEncoder(
+        [
+            JumboBlock(2, 16, jumbo_multiplier=2, share_jumbo_mlp=True)
+            for _ in range(2)
+        ],
+        shared_jumbo_mlp=MLP(24),
+    )
+    x = _tensor(rng, (3, 2 + 5, 8))
+    encoder(x)
+
+    def inference(x):
+        with torch.no_grad():
+            return encoder(x, training=False)
+
+    def training(x):
+        return encoder(x, training=True).square().sum()
+
+    for function in (inference, training):
+        explained = torch._dynamo.explain(function)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)

@@ -128,15 +128,17 @@ class TransformerEncoder(keras.layers.Layer):
             if self.shared_jumbo_mlp is None
             else self.shared_jumbo_mlp.trainable_variables
         )
-        with summed_gradients(shared):
-            return run_in_slices(
+        return summed_gradients(
+            shared,
+            lambda: run_in_slices(
                 lambda x: self._run_blocks(x, training),
                 inputs,
                 training,
                 on_slices=lambda slices: self._run_blocks_on_slices(
                     slices, training
                 ),
-            )
+            ),
+        )
 
     def _run_blocks_on_slices(self, slices, training):
         """`[self._run_blocks(s) for s in slices]`: each slice through
