@@ -13,7 +13,10 @@ steps are compiled with XLA options (issue #15):
 - `slices`: with `halves`, a batch whose halves would hold more than
   `_micro_batch.MAX_MICRO_BATCH_ELEMENTS` numbers cut into more
   slices, run a pair at a time in a loop (off: two halves at most, as
-  every setting but `all+slices` has it);
+  every setting but `all+slices` and `all+maps` has it);
+- `maps`: with `slices`, PatchTST's encoder counting the attention maps
+  its blocks pass on in the numbers a slice holds
+  (`TransformerEncoder._numbers_per_sample`; off: tokens x width alone);
 - `options`: the automatic `keras_jumbo.runtime.jax_compiler_options()`
   (512-bit vectors in XLA's element-wise code on AMD CPUs with AVX-512)
   instead of none (`set_jax_compiler_options({})`).
@@ -48,6 +51,7 @@ from keras_jumbo import runtime  # noqa: E402
 from keras_jumbo.layers import _micro_batch  # noqa: E402
 from keras_jumbo.layers import attention  # noqa: E402
 from keras_jumbo.layers import patch_embedding  # noqa: E402
+from keras_jumbo.layers.transformer_encoder import TransformerEncoder  # noqa: E402
 from keras_jumbo.testing import randomize_weights  # noqa: E402
 
 PATHS = {
@@ -57,6 +61,8 @@ PATHS = {
 }
 # The library's slice size, restored by `set_paths` (off: math.inf).
 MAX_SLICE_ELEMENTS = _micro_batch.MAX_MICRO_BATCH_ELEMENTS
+# The library's count of a sample's numbers (off: the default count).
+NUMBERS_PER_SAMPLE = TransformerEncoder._numbers_per_sample
 SETTINGS = {
     "none": (),
     "head": ("head",),
@@ -65,6 +71,7 @@ SETTINGS = {
     "all": ("head", "patch", "halves"),
     "all+options": ("head", "patch", "halves", "options"),
     "all+slices": ("head", "patch", "halves", "options", "slices"),
+    "all+maps": ("head", "patch", "halves", "options", "slices", "maps"),
 }
 
 
@@ -84,6 +91,9 @@ def set_paths(on):
         MAX_SLICE_ELEMENTS if "slices" in on else math.inf
     )
     runtime.set_jax_compiler_options(None if "options" in on else {})
+    TransformerEncoder._numbers_per_sample = (
+        NUMBERS_PER_SAMPLE if "maps" in on else lambda self, shape: None
+    )
 
 
 def compare(name, batch, image_size, rounds, settings):
@@ -99,7 +109,7 @@ def compare(name, batch, image_size, rounds, settings):
         # The first call compiles the predict step with these paths.
         set_paths(SETTINGS[setting])
         outputs[setting] = np.asarray(model.predict_on_batch(x))
-    set_paths(SETTINGS["all+slices"])
+    set_paths(SETTINGS["all+maps"])
     times = {setting: [] for setting in settings}
     for round_index in range(rounds):
         order = settings if round_index % 2 == 0 else settings[::-1]

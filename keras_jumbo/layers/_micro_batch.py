@@ -12,7 +12,8 @@ slower (2-core CPU; benchmarks/README.md).
 
 Two halves, or, when a half would hold more than `MAX_MICRO_BATCH_ELEMENTS`
 numbers (tokens x width: nano at batch 128, ViT-Tiny at 224 px from batch
-32), an even number of slices run a pair at a time in a loop
+32; PatchTST's encoder also counts the attention maps its blocks pass on),
+an even number of slices run a pair at a time in a loop
 (`keras.ops.map`): every slice stays small enough for the caches, and the
 compiled step holds the work at most four times (the loop's pair, and at
 most two more slices for the rest of the batch), whatever the batch. Two
@@ -33,9 +34,14 @@ MIN_MICRO_BATCH_TOKENS = 2048
 MAX_MICRO_BATCH_ELEMENTS = 3 * 2**17
 
 
-def micro_batches(input_shape, training):
+def micro_batches(input_shape, training, numbers_per_sample=None):
     """How many slices of a `(batch, length, width)` batch run as separate
-    chains (1: the whole batch at once)."""
+    chains (1: the whole batch at once).
+
+    `numbers_per_sample`: how many numbers one sample holds at once along
+    the chain, which sizes the slices (default `length * width`). A chain
+    that also keeps every head's attention map (PatchTST's blocks pass
+    their scores on, `heads x length x length` a sample) counts them."""
     batch, length, width = input_shape[0], input_shape[1], input_shape[-1]
     if (
         training
@@ -46,20 +52,23 @@ def micro_batches(input_shape, training):
         return 1
     if batch < 2 or batch * length < 2 * MIN_MICRO_BATCH_TOKENS:
         return 1
-    numbers = batch * length * (width or 1)
+    numbers = batch * (numbers_per_sample or length * (width or 1))
     pairs = math.ceil(numbers / (2 * MAX_MICRO_BATCH_ELEMENTS))
     return min(batch, 2 * max(1, pairs))
 
 
-def run_in_slices(fn, inputs, training, on_slices=None):
+def run_in_slices(
+    fn, inputs, training, on_slices=None, numbers_per_sample=None
+):
     """`fn(inputs)` for an `fn` that acts on each sample alone, run on the
     `micro_batches` slices of `inputs` (the same numbers).
 
     `on_slices`, if given, is `[fn(s) for s in slices]` for a list of
     slices run side by side (two, or a loop's pair and the rest's): for a
     layer that does part of its work on all of them at once
-    (`TransformerEncoder`: the Jumbo FFN on every slice's Jumbo tokens)."""
-    slices = micro_batches(inputs.shape, training)
+    (`TransformerEncoder`: the Jumbo FFN on every slice's Jumbo tokens).
+    `numbers_per_sample` as in `micro_batches`."""
+    slices = micro_batches(inputs.shape, training, numbers_per_sample)
     if slices == 1:
         return fn(inputs)
     batch = inputs.shape[0]
@@ -78,7 +87,8 @@ def run_in_slices(fn, inputs, training, on_slices=None):
     outputs = [ops.reshape(outputs, (looped,) + tuple(outputs.shape[2:]))]
     rest = batch - looped
     if rest:
-        halves = micro_batches((rest,) + tuple(inputs.shape[1:]), training) > 1
+        rest_shape = (rest,) + tuple(inputs.shape[1:])
+        halves = micro_batches(rest_shape, training, numbers_per_sample) > 1
         rest_size = -(-rest // 2) if halves else rest
         outputs.append(_consecutive(fn, on_slices, inputs[looped:], rest_size))
     return ops.concatenate(outputs, axis=0)

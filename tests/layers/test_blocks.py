@@ -267,7 +267,9 @@ def test_encoder_micro_batches_are_the_whole_batch(
     # whole batch through the blocks; PatchTST's residual scores are
     # carried within each slice. A slice holds at most 2 samples' numbers
     # (2 x 6 x 8), so from 5 samples on the batch is cut into an even
-    # number of slices run a pair at a time (`keras.ops.map`).
+    # number of slices run a pair at a time (`keras.ops.map`). (PatchTST's
+    # encoder also counts its attention maps: one sample a slice, in the
+    # same loop.)
     micro_batching_here(monkeypatch, min_tokens=3, max_elements=2 * 6 * 8)
     if kind == "jumbo":
         encoder = shared_lora_encoder()
@@ -282,6 +284,34 @@ def test_encoder_micro_batches_are_the_whole_batch(
     whole = encoder._run_blocks(x, training=False)
     assert_allclose(encoder(x, training=False), whole, atol=2e-5)
     assert_allclose(encoder(x), whole, atol=2e-5)
+
+
+def test_patchtst_encoder_slices_count_the_attention_maps(rng, monkeypatch):
+    # PatchTST's blocks keep every head's attention map beside the tokens:
+    # 4 samples of 6 x 8 numbers and 2 maps of 6 x 6 (120 a sample), at
+    # most 96 numbers a slice -> 4 slices of one sample; a ViT encoder of
+    # the same input counts tokens alone -> 2 slices of 2. The output is
+    # the whole batch through the blocks.
+    micro_batching_here(monkeypatch, min_tokens=3, max_elements=96)
+    counts, count = [], _micro_batch.micro_batches
+
+    def spy(*args):
+        counts.append(count(*args))
+        return counts[-1]
+
+    monkeypatch.setattr(_micro_batch, "micro_batches", spy)
+    x = rng.normal(size=(4, 6, 8)).astype("float32")
+    for block, slices in ((PatchTSTEncoderBlock, 4), (ViTBlock, 2)):
+        encoder = TransformerEncoder(
+            [block(2, 16, name=f"block_{i}") for i in range(2)]
+        )
+        encoder(x)
+        randomize_weights(encoder)
+        counts.clear()
+        output = encoder(x, training=False)
+        assert counts[0] == slices
+        whole = encoder._run_blocks(x, training=False)
+        assert_allclose(output, whole, atol=2e-5)
 
 
 def _rows_seen_by(layer, monkeypatch):
