@@ -1,7 +1,8 @@
 """The JAX inference paths, each on and off, in one process (ratios).
 
 On JAX, three layers take another form at inference, and the models'
-steps are compiled with XLA options (issue #15):
+steps are compiled with XLA options (issue #15); `scores` applies to the
+training step too (`--step train`):
 
 - `head`: `MultiHeadSelfAttention` head by head on column slices of one
   q/k/v matmul (`attention.PER_HEAD_INFERENCE_BACKENDS`);
@@ -13,16 +14,20 @@ steps are compiled with XLA options (issue #15):
 - `slices`: with `halves`, a batch whose halves would hold more than
   `_micro_batch.MAX_MICRO_BATCH_ELEMENTS` numbers cut into more
   slices, run a pair at a time in a loop (off: two halves at most, as
-  every setting but `all+slices` and `all+maps` has it);
+  every setting but `all+slices`, `all+maps` and `library` has it);
 - `maps`: with `slices`, PatchTST's encoder counting the attention maps
   its blocks pass on in the numbers a slice holds
   (`TransformerEncoder._numbers_per_sample`; off: tokens x width alone);
+- `scores`: `MultiHeadSelfAttention` calls that return or add scores
+  (PatchTST's blocks) as one q/k/v matmul with heads-first transposes
+  (`attention.FUSED_SCORES_BACKENDS`; off: the heads-first einsums);
 - `options`: the automatic `keras_jumbo.runtime.jax_compiler_options()`
   (512-bit vectors in XLA's element-wise code on AMD CPUs with AVX-512)
   instead of none (`set_jax_compiler_options({})`).
 
 For each model, one instance per setting (same random weights) is
-compiled with that setting; then their `predict_on_batch` steps are timed
+compiled with that setting; then their `predict_on_batch` (or, with
+`--step train`, `train_on_batch`: AdamW, cross-entropy or MSE) steps are timed
 in interleaved rounds (the median of 5 steps per round, the median over
 rounds), so slow phases of the machine hit every setting alike. Prints ms
 per step, each setting's speed-up over all paths off, and the largest
@@ -30,6 +35,8 @@ output difference from it.
 
     KERAS_BACKEND=jax python benchmarks/jax_inference_paths.py \\
         official_jumbo_pico:64:128 vit_tiny:32:224 patchtst_forecaster:32
+    KERAS_BACKEND=jax python benchmarks/jax_inference_paths.py \
+        patchtst_forecaster:64 --step train --settings all+maps library
 """
 
 import argparse
@@ -47,6 +54,7 @@ import numpy as np  # noqa: E402
 import profile_train_step  # noqa: E402
 import throughput  # noqa: E402
 
+from keras_jumbo import optimizers  # noqa: E402
 from keras_jumbo import runtime  # noqa: E402
 from keras_jumbo.layers import _micro_batch  # noqa: E402
 from keras_jumbo.layers import attention  # noqa: E402
@@ -58,6 +66,7 @@ PATHS = {
     "head": (attention, "PER_HEAD_INFERENCE_BACKENDS"),
     "patch": (patch_embedding, "MATMUL_INFERENCE_BACKENDS"),
     "halves": (_micro_batch, "MICRO_BATCH_INFERENCE_BACKENDS"),
+    "scores": (attention, "FUSED_SCORES_BACKENDS"),
 }
 # The library's slice size, restored by `set_paths` (off: math.inf).
 MAX_SLICE_ELEMENTS = _micro_batch.MAX_MICRO_BATCH_ELEMENTS
@@ -72,6 +81,15 @@ SETTINGS = {
     "all+options": ("head", "patch", "halves", "options"),
     "all+slices": ("head", "patch", "halves", "options", "slices"),
     "all+maps": ("head", "patch", "halves", "options", "slices", "maps"),
+    "library": (
+        "head",
+        "patch",
+        "halves",
+        "options",
+        "slices",
+        "maps",
+        "scores",
+    ),
 }
 
 
@@ -96,20 +114,27 @@ def set_paths(on):
     )
 
 
-def compare(name, batch, image_size, rounds, settings):
+def compare(name, batch, image_size, rounds, settings, step="predict"):
     instances = {}
     for setting in settings:
         # The same random weights in every instance (norm scales around 1,
-        # positive variances): no identity-like layer.
+        # positive variances): no identity-like layer; the same dropout
+        # seeds (training).
+        keras.utils.set_random_seed(0)
         instances[setting] = randomize_weights(build(name, image_size))
     rng = np.random.default_rng(0)
-    x, _, _ = throughput._inputs(instances[settings[0]], batch, rng)
-    outputs = {}
+    x, y, loss = throughput._inputs(instances[settings[0]], batch, rng)
+    outputs, steps_of = {}, {}
     for setting, model in instances.items():
-        # The first call compiles the predict step with these paths.
+        # The first call compiles the step with these paths.
         set_paths(SETTINGS[setting])
-        outputs[setting] = np.asarray(model.predict_on_batch(x))
-    set_paths(SETTINGS["all+maps"])
+        if step == "train":
+            model.compile(optimizer=optimizers.AdamW(1e-4), loss=loss)
+            steps_of[setting] = lambda m=model: m.train_on_batch(x, y)
+        else:
+            steps_of[setting] = lambda m=model: m.predict_on_batch(x)
+        outputs[setting] = np.asarray(steps_of[setting]())
+    set_paths(SETTINGS["library"])
     times = {setting: [] for setting in settings}
     for round_index in range(rounds):
         order = settings if round_index % 2 == 0 else settings[::-1]
@@ -117,7 +142,7 @@ def compare(name, batch, image_size, rounds, settings):
             steps = []
             for _ in range(5):
                 start = time.perf_counter()
-                instances[setting].predict_on_batch(x)
+                steps_of[setting]()
                 steps.append(time.perf_counter() - start)
             times[setting].append(statistics.median(steps) * 1e3)
     base = statistics.median(times[settings[0]])
@@ -126,7 +151,8 @@ def compare(name, batch, image_size, rounds, settings):
         ms = statistics.median(times[setting])
         diff = np.nanmax(np.abs(outputs[setting] - outputs[settings[0]]))
         cells.append(f"{setting} {ms:.1f} ms x{base / ms:.3f} (d {diff:.0e})")
-    print(f"{name}, batch {batch}, {image_size} px: " + "; ".join(cells))
+    print(f"{name}, {step}, batch {batch}, {image_size} px: ", end="")
+    print("; ".join(cells))
 
 
 def main(argv=None):
@@ -146,6 +172,12 @@ def main(argv=None):
         choices=list(SETTINGS),
         help="the first is the baseline of the ratios",
     )
+    parser.add_argument(
+        "--step",
+        choices=("predict", "train"),
+        default="predict",
+        help="train: `train_on_batch` (the first step's loss is compared)",
+    )
     args = parser.parse_args(argv)
     if keras.backend.backend() != "jax":
         raise SystemExit("These paths are JAX's: KERAS_BACKEND=jax.")
@@ -157,6 +189,7 @@ def main(argv=None):
             int(size[0]) if size else 224,
             args.rounds,
             args.settings,
+            args.step,
         )
 
 

@@ -37,6 +37,16 @@ FUSED_ATTENTION_BACKENDS = ("torch",)
 # CPU; benchmarks/README.md). Its gradient is 1.4-4.2x slower (slices of
 # one tensor), so training keeps the einsums. TensorFlow ran it no faster.
 PER_HEAD_INFERENCE_BACKENDS = ("jax",)
+# Backends on which a call that returns or adds scores (PatchTST's blocks;
+# no head mask, `key_dim == head_dim`) runs as one q/k/v matmul with
+# heads-first transposes of it (`MultiHeadSelfAttention.
+# _fused_scores_call`), as every call but the plain one does on
+# `FUSED_ATTENTION_BACKENDS`. On JAX, against the einsums straight into
+# the heads-first layout: PatchTST forecaster predict step 1.19x,
+# training step 1.07x, MS-PatchTST training 1.06-1.08x (2-core CPU;
+# benchmarks/README.md). Calls without scores (ViT blocks, the PatchTST
+# classifier's) keep the einsums in training, measured faster there.
+FUSED_SCORES_BACKENDS = ("jax",)
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -68,7 +78,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     returns or adds scores (PatchTST's blocks) or drops attention
     probabilities in training takes the same q/k/v matmul on PyTorch,
     with the scores and probabilities written out; only a head mask or
-    `key_dim != head_dim` keeps the einsum form there. On JAX, a plain call
+    `key_dim != head_dim` keeps the einsum form there. On JAX a call that
+    returns or adds scores takes that form too (`FUSED_SCORES_BACKENDS`:
+    PatchTST's forecaster 1.07x faster in training, 1.19x at inference).
+    On JAX, a plain call
     at inference (not training; no head mask, residual or returned
     scores) runs head by head on column slices of one q/k/v matmul
     (`_per_head_call`): the same function (tested), up to 28% less time
@@ -346,16 +359,24 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             and not scores
         )
 
-    def _fused_backend(self, head_mask):
+    def _fused_layout(self, head_mask, backends):
         return (
-            keras.backend.backend() in FUSED_ATTENTION_BACKENDS
+            keras.backend.backend() in backends
             and head_mask is None
             and self.key_dim == self.head_dim
         )
 
+    def _uses_fused_scores_call(self, head_mask, previous_scores, scores):
+        """Every call `_uses_fused_call` leaves on `FUSED_ATTENTION_BACKENDS`;
+        a call with scores on `FUSED_SCORES_BACKENDS`."""
+        with_scores = previous_scores is not None or bool(scores)
+        return self._fused_layout(head_mask, FUSED_ATTENTION_BACKENDS) or (
+            with_scores and self._fused_layout(head_mask, FUSED_SCORES_BACKENDS)
+        )
+
     def _uses_fused_call(self, training, head_mask, previous_scores, scores):
         return (
-            self._fused_backend(head_mask)
+            self._fused_layout(head_mask, FUSED_ATTENTION_BACKENDS)
             and previous_scores is None
             and not scores
             and not (training and self.attention_dropout_rate)
@@ -379,7 +400,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         ):
             # Inference: no dropout to apply.
             return self._per_head_call(x)
-        if self._fused_backend(head_mask):
+        if self._uses_fused_scores_call(
+            head_mask, previous_scores, return_scores
+        ):
             out, scores = self._fused_scores_call(x, training, previous_scores)
             out = dropout(self.dropout, out, training)
             return (out, scores) if return_scores else out

@@ -13,6 +13,7 @@ from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
 from tests.layers import reference
+from tests.layers.reference import assert_same_sgd_step
 from tests.layers.reference import value
 
 
@@ -147,7 +148,7 @@ def test_fused_attention_call_equals_the_einsum_form(rng, mode):
 
 @pytest.mark.parametrize("mode", [None, "int8", "lora"])
 def test_fused_scores_call_equals_the_einsum_form(rng, mode):
-    """The PyTorch backend's call that returns or adds scores (PatchTST's
+    """The call that returns or adds scores on PyTorch and JAX (PatchTST's
     blocks; one q/k/v matmul, the scores written out), run here on every
     backend, against the einsum form `call` uses with a head mask of
     ones: the same output and the same scores, with and without residual
@@ -162,13 +163,14 @@ def test_fused_scores_call_equals_the_einsum_form(rng, mode):
         )
         assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
         assert_allclose(scores, expected_scores, atol=1e-5, rtol=1e-5)
-    # `call` routes there on PyTorch: the same values without a head mask.
+    # `call` routes there on PyTorch and JAX: the same values without a
+    # head mask.
     out, scores = layer(x, previous_scores=previous, return_scores=True)
     assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
     assert_allclose(scores, expected_scores, atol=1e-5, rtol=1e-5)
 
 
-def test_fused_attention_only_for_a_plain_call_on_torch():
+def test_fused_attention_calls_by_backend():
     layer = MultiHeadSelfAttention(num_heads=2)
     layer.build((1, 4, 8))
     on_torch = keras.backend.backend() == "torch"
@@ -184,11 +186,60 @@ def test_fused_attention_only_for_a_plain_call_on_torch():
     dropping.build((1, 4, 8))
     assert not dropping._uses_fused_call(True, None, None, False)
     assert dropping._uses_fused_call(False, None, None, False) == on_torch
-    # Calls with scores take the fused q/k/v matmul on PyTorch too; a head
-    # mask or wider keys keep the einsum form.
-    assert layer._fused_backend(None) == on_torch
-    assert not layer._fused_backend(np.ones((1, 1, 8)))
-    assert not wide_keys._fused_backend(None)
+    # Every other call takes the fused q/k/v matmul on PyTorch; on JAX a
+    # call that returns or adds scores does too (PatchTST); a head mask or
+    # wider keys keep the einsum form.
+    with_scores = keras.backend.backend() in ("torch", "jax")
+    previous = np.zeros((1, 2, 4, 4))
+    assert layer._uses_fused_scores_call(None, None, False) == on_torch
+    assert layer._uses_fused_scores_call(None, previous, False) == with_scores
+    assert layer._uses_fused_scores_call(None, None, True) == with_scores
+    assert not layer._uses_fused_scores_call(np.ones((1, 1, 8)), None, True)
+    assert not wide_keys._uses_fused_scores_call(None, previous, True)
+
+
+class _AttentionWithScores(keras.layers.Layer):
+    """A 3-head attention given residual scores and returning its own, as
+    one output: `out * (1 + the scores' mean over heads and keys)`.
+    `einsum=True` passes a head mask of ones (the einsum form)."""
+
+    def __init__(self, einsum, **kwargs):
+        super().__init__(**kwargs)
+        self.einsum = einsum
+        self.attention = MultiHeadSelfAttention(num_heads=3)
+
+    def build(self, input_shape):
+        self.attention.build(input_shape)
+
+    def call(self, x, training=None):
+        length = x.shape[1]
+        previous = keras.ops.reshape(
+            keras.ops.sin(keras.ops.arange(3 * length * length)),
+            (1, 3, length, length),
+        )
+        mask = keras.ops.ones_like(x[:, :1]) if self.einsum else None
+        out, scores = self.attention(
+            x,
+            training=training,
+            head_mask=mask,
+            previous_scores=keras.ops.cast(previous, x.dtype),
+            return_scores=True,
+        )
+        return out * (1.0 + keras.ops.mean(scores, axis=(1, 3))[..., None])
+
+
+def test_fused_scores_call_gradients_equal_the_einsum_form(rng):
+    # One SGD step through the attention with residual scores in and its
+    # scores out (PatchTST's call), the fused q/k/v matmul (PyTorch, JAX)
+    # against the einsum form: the same weights after it.
+    x = rng.normal(size=(2, 7, 12)).astype("float32")
+    target = rng.normal(size=(2, 7, 12)).astype("float32")
+    fused, einsum = _AttentionWithScores(False), _AttentionWithScores(True)
+    fused.build(x.shape)
+    randomize_weights(fused)
+    einsum.build(x.shape)
+    einsum.set_weights(fused.get_weights())
+    assert_same_sgd_step(fused, einsum, x, target)
 
 
 @pytest.mark.parametrize("key_dim", [None, 6])
