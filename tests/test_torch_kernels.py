@@ -774,3 +774,33 @@ def test_shared_jumbo_ffn_encoder_compiles_without_graph_breaks(
     for function in (inference, training):
         explained = torch._dynamo.explain(function)(x)
         assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def test_patchtst_encoder_compiles_without_graph_breaks(rng, monkeypatch):
+    """Dynamo makes one graph of a PatchTST encoder's forward (scores
+    passed between blocks; the slice count read from its blocks), in
+    training and at inference (`max(..., default=0)` there once broke
+    it)."""
+    if _off_torch_does_nothing(rng, monkeypatch):
+        return
+    import torch
+
+    from keras_jumbo.layers import PatchTSTEncoderBlock
+    from keras_jumbo.layers import TransformerEncoder
+
+    encoder = TransformerEncoder(
+        [PatchTSTEncoderBlock(2, 16, name=f"block_{i}") for i in range(2)]
+    )
+    x = _tensor(rng, (3, 7, 8))
+    encoder(x)
+
+    def inference(x):
+        with torch.no_grad():
+            return encoder(x, training=False)
+
+    def training(x):
+        return encoder(x, training=True).square().sum()
+
+    for function in (inference, training):
+        explained = torch._dynamo.explain(function)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)

@@ -153,14 +153,12 @@ class TransformerEncoder(keras.layers.Layer):
         length, width = input_shape[1], input_shape[-1]
         if length is None or width is None:
             return None
-        heads = max(
-            (
-                block.num_heads
-                for block in self.blocks
-                if isinstance(block, PatchTSTEncoderBlock)
-            ),
-            default=0,
-        )
+        # A loop, not `max(..., default=0)`: Dynamo breaks its graph at
+        # that call (torch.compile; tested).
+        heads = 0
+        for block in self.blocks:
+            if isinstance(block, PatchTSTEncoderBlock):
+                heads = max(heads, block.num_heads)
         return length * (width + heads * length)
 
     def _run_blocks_on_slices(self, slices, training):
