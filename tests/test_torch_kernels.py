@@ -739,6 +739,23 @@ def test_transformer_encoder_sums_its_shared_jumbo_ffn_gradients(
         assert [entries[id(v.value)].count for v in shared] == [3] * 4
 
 
+def _assert_one_graph(encoder, x):
+    """Dynamo makes one graph, without breaks, of `encoder`'s forward on
+    `x` at inference and of a loss on it in training."""
+    import torch
+
+    def inference(x):
+        with torch.no_grad():
+            return encoder(x, training=False)
+
+    def training(x):
+        return encoder(x, training=True).square().sum()
+
+    for function in (inference, training):
+        explained = torch._dynamo.explain(function)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
 def test_shared_jumbo_ffn_encoder_compiles_without_graph_breaks(
     rng, monkeypatch
 ):
@@ -748,7 +765,6 @@ def test_shared_jumbo_ffn_encoder_compiles_without_graph_breaks(
     one graph per product)."""
     if _off_torch_does_nothing(rng, monkeypatch):
         return
-    import torch
 
     from keras_jumbo.layers import MLP
     from keras_jumbo.layers import JumboBlock
@@ -763,17 +779,7 @@ def test_shared_jumbo_ffn_encoder_compiles_without_graph_breaks(
     )
     x = _tensor(rng, (3, 2 + 5, 8))
     encoder(x)
-
-    def inference(x):
-        with torch.no_grad():
-            return encoder(x, training=False)
-
-    def training(x):
-        return encoder(x, training=True).square().sum()
-
-    for function in (inference, training):
-        explained = torch._dynamo.explain(function)(x)
-        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    _assert_one_graph(encoder, x)
 
 
 def test_patchtst_encoder_compiles_without_graph_breaks(rng, monkeypatch):
@@ -783,7 +789,6 @@ def test_patchtst_encoder_compiles_without_graph_breaks(rng, monkeypatch):
     it)."""
     if _off_torch_does_nothing(rng, monkeypatch):
         return
-    import torch
 
     from keras_jumbo.layers import PatchTSTEncoderBlock
     from keras_jumbo.layers import TransformerEncoder
@@ -793,14 +798,4 @@ def test_patchtst_encoder_compiles_without_graph_breaks(rng, monkeypatch):
     )
     x = _tensor(rng, (3, 7, 8))
     encoder(x)
-
-    def inference(x):
-        with torch.no_grad():
-            return encoder(x, training=False)
-
-    def training(x):
-        return encoder(x, training=True).square().sum()
-
-    for function in (inference, training):
-        explained = torch._dynamo.explain(function)(x)
-        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    _assert_one_graph(encoder, x)
