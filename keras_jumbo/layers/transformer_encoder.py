@@ -147,7 +147,7 @@ class TransformerEncoder(keras.layers.Layer):
         attention map where a `PatchTSTEncoderBlock` writes them all out
         and passes them on. Counting the maps cuts PatchTST's forecaster
         (16 heads, 42 patches) into slices of ~11 series instead of 56:
-        its predict step 1.11-1.14x faster, MS-PatchTST's 1.12x (JAX,
+        its predict step 1.11-1.14x faster, MS-PatchTST's 1.09-1.12x (JAX,
         2-core CPU; benchmarks/README.md). Other encoders keep the count
         of tokens."""
         length, width = input_shape[1], input_shape[-1]
