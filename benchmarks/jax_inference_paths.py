@@ -1,8 +1,8 @@
 """The JAX inference paths, each on and off, in one process (ratios).
 
 On JAX, three layers take another form at inference, and the models'
-steps are compiled with XLA options (issue #15); `scores` applies to the
-training step too (`--step train`):
+steps are compiled with XLA options (issue #15); `scores` and `short`
+apply to the training step too (`--step train`):
 
 - `head`: `MultiHeadSelfAttention` head by head on column slices of one
   q/k/v matmul (`attention.PER_HEAD_INFERENCE_BACKENDS`);
@@ -14,13 +14,18 @@ training step too (`--step train`):
 - `slices`: with `halves`, a batch whose halves would hold more than
   `_micro_batch.MAX_MICRO_BATCH_ELEMENTS` numbers cut into more
   slices, run a pair at a time in a loop (off: two halves at most, as
-  every setting but `all+slices`, `all+maps` and `library` has it);
+  every setting from `all+slices` on has it);
 - `maps`: with `slices`, PatchTST's encoder counting the attention maps
   its blocks pass on in the numbers a slice holds
   (`TransformerEncoder._numbers_per_sample`; off: tokens x width alone);
 - `scores`: `MultiHeadSelfAttention` calls that return or add scores
   (PatchTST's blocks) as one q/k/v matmul with heads-first transposes
   (`attention.FUSED_SCORES_BACKENDS`; off: the heads-first einsums);
+- `short`: a plain `MultiHeadSelfAttention` call with heads of width 8
+  or less over a short sequence (PatchTST's classifier at 8 patches) as
+  one q/k/v matmul and `ops.dot_product_attention`, in training and at
+  inference (`attention.SHORT_NARROW_FUSED_BACKENDS`; off: the einsums in
+  training, `head` at inference);
 - `options`: the automatic `keras_jumbo.runtime.jax_compiler_options()`
   (512-bit vectors in XLA's element-wise code on AMD CPUs with AVX-512)
   instead of none (`set_jax_compiler_options({})`).
@@ -37,6 +42,9 @@ output difference from it.
         official_jumbo_pico:64:128 vit_tiny:32:224 patchtst_forecaster:32
     KERAS_BACKEND=jax python benchmarks/jax_inference_paths.py \
         patchtst_forecaster:64 --step train --settings all+maps library
+    KERAS_BACKEND=jax python benchmarks/jax_inference_paths.py \
+        patchtst:256 patchtst_jumbo:256 --step train \
+        --settings all+scores library
 """
 
 import argparse
@@ -67,6 +75,7 @@ PATHS = {
     "patch": (patch_embedding, "MATMUL_INFERENCE_BACKENDS"),
     "halves": (_micro_batch, "MICRO_BATCH_INFERENCE_BACKENDS"),
     "scores": (attention, "FUSED_SCORES_BACKENDS"),
+    "short": (attention, "SHORT_NARROW_FUSED_BACKENDS"),
 }
 # The library's slice size, restored by `set_paths` (off: math.inf).
 MAX_SLICE_ELEMENTS = _micro_batch.MAX_MICRO_BATCH_ELEMENTS
@@ -81,6 +90,15 @@ SETTINGS = {
     "all+options": ("head", "patch", "halves", "options"),
     "all+slices": ("head", "patch", "halves", "options", "slices"),
     "all+maps": ("head", "patch", "halves", "options", "slices", "maps"),
+    "all+scores": (
+        "head",
+        "patch",
+        "halves",
+        "options",
+        "slices",
+        "maps",
+        "scores",
+    ),
     "library": (
         "head",
         "patch",
@@ -89,6 +107,7 @@ SETTINGS = {
         "slices",
         "maps",
         "scores",
+        "short",
     ),
 }
 
@@ -114,7 +133,22 @@ def set_paths(on):
     )
 
 
-def compare(name, batch, image_size, rounds, settings, step="predict"):
+def compare(
+    name,
+    batch,
+    image_size,
+    rounds,
+    settings,
+    step="predict",
+    apply=None,
+    jit_compile="auto",
+):
+    """Time `name`'s steps with each of `settings` (one instance each,
+    interleaved rounds) and print the ratios. `apply(setting)` switches
+    the library to a setting before its instance compiles (default: this
+    script's `SETTINGS`); `jit_compile` goes to `model.compile` for
+    training (TensorFlow: `tf_training_attention.py`)."""
+    apply = apply or (lambda setting: set_paths(SETTINGS[setting]))
     instances = {}
     for setting in settings:
         # The same random weights in every instance (norm scales around 1,
@@ -127,14 +161,18 @@ def compare(name, batch, image_size, rounds, settings, step="predict"):
     outputs, steps_of = {}, {}
     for setting, model in instances.items():
         # The first call compiles the step with these paths.
-        set_paths(SETTINGS[setting])
+        apply(setting)
         if step == "train":
-            model.compile(optimizer=optimizers.AdamW(1e-4), loss=loss)
+            model.compile(
+                optimizer=optimizers.AdamW(1e-4),
+                loss=loss,
+                jit_compile=jit_compile,
+            )
             steps_of[setting] = lambda m=model: m.train_on_batch(x, y)
         else:
             steps_of[setting] = lambda m=model: m.predict_on_batch(x)
         outputs[setting] = np.asarray(steps_of[setting]())
-    set_paths(SETTINGS["library"])
+    apply(settings[-1])
     times = {setting: [] for setting in settings}
     for round_index in range(rounds):
         order = settings if round_index % 2 == 0 else settings[::-1]

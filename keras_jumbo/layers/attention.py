@@ -47,6 +47,28 @@ PER_HEAD_INFERENCE_BACKENDS = ("jax",)
 # benchmarks/README.md). Calls without scores (ViT blocks, the PatchTST
 # classifier's) keep the einsums in training, measured faster there.
 FUSED_SCORES_BACKENDS = ("jax",)
+# Backends on which a plain call (as for `FUSED_ATTENTION_BACKENDS`) in
+# training runs as `_fused_call`. On TensorFlow with XLA (the recipes'
+# `jit_compile`; 2-core CPU, in-process A/B, `train_on_batch`): pico Jumbo
+# 1.07x, RegistersViT nano 1.04x (batch 32, 128 px), PatchTST classifiers
+# 1.11-1.19x (batch 256); without XLA (Keras' default on a CPU)
+# 0.96-1.06x. Its predict steps ran 0.98x, so inference keeps the einsums
+# (benchmarks/README.md). On JAX the einsums train pico 1.11x faster.
+FUSED_TRAINING_BACKENDS = ("tensorflow",)
+# Backends on which a plain call (as for `FUSED_ATTENTION_BACKENDS`) with
+# narrow heads (`head_dim <= NARROW_HEAD_DIM`) over a short sequence (at
+# most `SHORT_SEQUENCE_MAX_LENGTH[training]` tokens) runs as
+# `_fused_call` too, in place of the einsums (training) or the per-head
+# call (inference). Measured on JAX, PatchTST classifiers (width 128, 16
+# heads of width 8, a class token; 2-core CPU, in-process A/B;
+# benchmarks/README.md): training steps 1.05-1.45x faster at 9 tokens (8
+# patches, the default) and 1.28x at 5; 0.97-0.87x at 11-25 tokens.
+# Predict steps 1.04-1.17x faster at 5-25 tokens, 0.96x at 33, 0.91x at
+# 43. With heads of width 16 or 32: 0.92-1.02x (inference) and
+# 1.00-1.02x (training, 9 tokens), no gain.
+SHORT_NARROW_FUSED_BACKENDS = ("jax",)
+NARROW_HEAD_DIM = 8
+SHORT_SEQUENCE_MAX_LENGTH = {True: 9, False: 25}
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -86,7 +108,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     scores) runs head by head on column slices of one q/k/v matmul
     (`_per_head_call`): the same function (tested), up to 28% less time
     than the einsums for one layer's forward pass, but with a slower
-    gradient, so training keeps the einsums.
+    gradient, so training keeps the einsums. Two exceptions take the
+    plain fused call instead: TensorFlow in training
+    (`FUSED_TRAINING_BACKENDS`; 1.04-1.18x with XLA), and JAX with heads
+    of width 8 or less over a short sequence (`SHORT_NARROW_FUSED_BACKENDS`:
+    at most 9 tokens in training, 25 at inference, as in PatchTST's
+    classifier at 8 patches; 1.10-1.16x), where it measured faster.
 
     Args:
         num_heads: int, number of heads.
@@ -374,9 +401,35 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             with_scores and self._fused_layout(head_mask, FUSED_SCORES_BACKENDS)
         )
 
-    def _uses_fused_call(self, training, head_mask, previous_scores, scores):
+    def _short_and_narrow(self, training, length):
+        """A `length`-token sequence (None: unknown) short enough, and heads
+        narrow enough, for `SHORT_NARROW_FUSED_BACKENDS`."""
         return (
+            length is not None
+            and self.head_dim <= NARROW_HEAD_DIM
+            and length <= SHORT_SEQUENCE_MAX_LENGTH[bool(training)]
+        )
+
+    def _uses_fused_call(
+        self, training, head_mask, previous_scores, scores, length=None
+    ):
+        """A plain call on `FUSED_ATTENTION_BACKENDS`, in training on
+        `FUSED_TRAINING_BACKENDS`, or on `SHORT_NARROW_FUSED_BACKENDS` over
+        `length` tokens (None: unknown) when that is short and the heads
+        narrow."""
+        fused = (
             self._fused_layout(head_mask, FUSED_ATTENTION_BACKENDS)
+            or (
+                bool(training)
+                and self._fused_layout(head_mask, FUSED_TRAINING_BACKENDS)
+            )
+            or (
+                self._fused_layout(head_mask, SHORT_NARROW_FUSED_BACKENDS)
+                and self._short_and_narrow(training, length)
+            )
+        )
+        return (
+            fused
             and previous_scores is None
             and not scores
             and not (training and self.attention_dropout_rate)
@@ -392,7 +445,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     ):
         x = inputs
         if self._uses_fused_call(
-            training, head_mask, previous_scores, return_scores
+            training, head_mask, previous_scores, return_scores, x.shape[1]
         ):
             return dropout(self.dropout, self._fused_call(x), training)
         if self._uses_per_head_call(

@@ -6,6 +6,7 @@ from keras_jumbo.layers import MLP
 from keras_jumbo.layers import LayerScale
 from keras_jumbo.layers import MultiHeadSelfAttention
 from keras_jumbo.layers import StochasticDepth
+from keras_jumbo.layers import attention
 from keras_jumbo.layers._utils import dense
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import gelu
@@ -175,7 +176,9 @@ def test_fused_attention_calls_by_backend():
     layer.build((1, 4, 8))
     on_torch = keras.backend.backend() == "torch"
     assert layer._uses_fused_call(None, None, None, False) == on_torch
-    assert layer._uses_fused_call(True, None, None, False) == on_torch
+    # In training on TensorFlow too (`FUSED_TRAINING_BACKENDS`).
+    in_training = keras.backend.backend() in ("torch", "tensorflow")
+    assert layer._uses_fused_call(True, None, None, False) == in_training
     assert not layer._uses_fused_call(None, np.ones((1, 1, 8)), None, False)
     assert not layer._uses_fused_call(None, None, np.zeros((1, 2, 4, 4)), False)
     assert not layer._uses_fused_call(None, None, None, True)
@@ -198,20 +201,60 @@ def test_fused_attention_calls_by_backend():
     assert not wide_keys._uses_fused_scores_call(None, previous, True)
 
 
+def test_short_narrow_calls_take_the_fused_call_on_jax():
+    # On JAX a plain call with heads of width <= 8 over a short sequence
+    # takes the fused call too: up to 9 tokens in training, 25 at
+    # inference (PatchTST's classifier at 8 patches); PyTorch always.
+    on_torch = keras.backend.backend() == "torch"
+    short = keras.backend.backend() in ("torch", "jax")
+    # TensorFlow: every plain call in training (`FUSED_TRAINING_BACKENDS`).
+    in_training = keras.backend.backend() in ("torch", "tensorflow")
+    layer = MultiHeadSelfAttention(num_heads=2)
+    layer.build((1, 4, 16))
+    assert layer.head_dim == attention.NARROW_HEAD_DIM == 8
+    assert attention.SHORT_SEQUENCE_MAX_LENGTH == {True: 9, False: 25}
+    assert layer._uses_fused_call(True, None, None, False, 9) == (
+        short or in_training
+    )
+    assert layer._uses_fused_call(True, None, None, False, 10) == in_training
+    for training in (False, None):
+        assert layer._uses_fused_call(training, None, None, False, 25) == short
+        assert layer._uses_fused_call(training, None, None, False, 26) == (
+            on_torch
+        )
+    # An unknown length, wider heads, scores, a head mask or attention
+    # dropout in training keep the other forms on JAX.
+    assert layer._uses_fused_call(False, None, None, False, None) == on_torch
+    wide = MultiHeadSelfAttention(num_heads=1)
+    wide.build((1, 4, 16))
+    assert wide._uses_fused_call(True, None, None, False, 4) == in_training
+    assert not layer._uses_fused_call(True, None, None, True, 4)
+    assert not layer._uses_fused_call(True, np.ones((1, 1, 16)), None, False, 4)
+    dropping = MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=0.1)
+    dropping.build((1, 4, 16))
+    assert not dropping._uses_fused_call(True, None, None, False, 4)
+    assert dropping._uses_fused_call(False, None, None, False, 4) == short
+
+
 class _AttentionWithScores(keras.layers.Layer):
     """A 3-head attention given residual scores and returning its own, as
-    one output: `out * (1 + the scores' mean over heads and keys)`.
-    `einsum=True` passes a head mask of ones (the einsum form)."""
+    one output: `out * (1 + the scores' mean over heads and keys)`; with
+    `scores=False` the plain call's output alone. `einsum=True` passes a
+    head mask of ones (the einsum form)."""
 
-    def __init__(self, einsum, **kwargs):
+    def __init__(self, einsum, scores=True, **kwargs):
         super().__init__(**kwargs)
         self.einsum = einsum
+        self.scores = scores
         self.attention = MultiHeadSelfAttention(num_heads=3)
 
     def build(self, input_shape):
         self.attention.build(input_shape)
 
     def call(self, x, training=None):
+        if not self.scores:
+            mask = keras.ops.ones_like(x[:, :1]) if self.einsum else None
+            return self.attention(x, training=training, head_mask=mask)
         length = x.shape[1]
         previous = keras.ops.reshape(
             keras.ops.sin(keras.ops.arange(3 * length * length)),
@@ -242,6 +285,22 @@ def test_fused_scores_call_gradients_equal_the_einsum_form(rng):
     assert_same_sgd_step(fused, einsum, x, target)
 
 
+def test_short_plain_call_gradients_equal_the_einsum_form(rng):
+    # One SGD step through a plain call over 7 tokens with heads of width
+    # 4: the fused call (PyTorch, TensorFlow in training, JAX short and
+    # narrow), against the einsum form: the same weights after it.
+    x = rng.normal(size=(2, 7, 12)).astype("float32")
+    target = rng.normal(size=(2, 7, 12)).astype("float32")
+    fused = _AttentionWithScores(False, scores=False)
+    einsum = _AttentionWithScores(True, scores=False)
+    fused.build(x.shape)
+    randomize_weights(fused)
+    einsum.build(x.shape)
+    einsum.set_weights(fused.get_weights())
+    assert fused.attention._uses_fused_call(True, None, None, False, 7)
+    assert_same_sgd_step(fused, einsum, x, target)
+
+
 @pytest.mark.parametrize("key_dim", [None, 6])
 @pytest.mark.parametrize("mode", [None, "int8", "lora"])
 def test_per_head_call_equals_the_einsum_form(rng, mode, key_dim):
@@ -259,7 +318,9 @@ def test_per_head_call_equals_the_einsum_form(rng, mode, key_dim):
         atol=1e-5,
         rtol=1e-5,
     )
-    # `call` at inference routes there on JAX: the same values.
+    # `call` at inference (on JAX the per-head call over more tokens than
+    # these 7, which take the fused call: `SHORT_SEQUENCE_MAX_LENGTH`): the
+    # same values.
     assert_allclose(layer(x, training=False), expected, atol=1e-5, rtol=1e-5)
 
 
