@@ -90,26 +90,9 @@ SETTINGS = {
     "all+options": ("head", "patch", "halves", "options"),
     "all+slices": ("head", "patch", "halves", "options", "slices"),
     "all+maps": ("head", "patch", "halves", "options", "slices", "maps"),
-    "all+scores": (
-        "head",
-        "patch",
-        "halves",
-        "options",
-        "slices",
-        "maps",
-        "scores",
-    ),
-    "library": (
-        "head",
-        "patch",
-        "halves",
-        "options",
-        "slices",
-        "maps",
-        "scores",
-        "short",
-    ),
 }
+SETTINGS["all+scores"] = SETTINGS["all+maps"] + ("scores",)
+SETTINGS["library"] = SETTINGS["all+scores"] + ("short",)
 
 
 def build(name, image_size):
@@ -119,6 +102,12 @@ def build(name, image_size):
     if name in profile_train_step.MODELS:
         return profile_train_step.build(name, image_size, 1000)
     return throughput.build_model(name, image_size)[0]
+
+
+def parse_model(spec):
+    """`name:batch[:image_size]` -> (name, batch, image_size or 224)."""
+    name, batch, *size = spec.split(":")
+    return name, int(batch), int(size[0]) if size else 224
 
 
 def set_paths(on):
@@ -220,11 +209,8 @@ def main(argv=None):
     if keras.backend.backend() != "jax":
         raise SystemExit("These paths are JAX's: KERAS_BACKEND=jax.")
     for spec in args.models:
-        name, batch, *size = spec.split(":")
         compare(
-            name,
-            int(batch),
-            int(size[0]) if size else 224,
+            *parse_model(spec),
             args.rounds,
             args.settings,
             args.step,

@@ -52,11 +52,8 @@ def main(argv=None):
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("This path is TensorFlow's: KERAS_BACKEND=tensorflow.")
     for spec in args.models:
-        name, batch, *size = spec.split(":")
         jax_inference_paths.compare(
-            name,
-            int(batch),
-            int(size[0]) if size else 224,
+            *jax_inference_paths.parse_model(spec),
             args.rounds,
             ["einsum", "library"],
             "train",

@@ -45,15 +45,17 @@ PER_HEAD_INFERENCE_BACKENDS = ("jax",)
 # the heads-first layout: PatchTST forecaster predict step 1.19x,
 # training step 1.07x, MS-PatchTST training 1.06-1.08x (2-core CPU;
 # benchmarks/README.md). Calls without scores (ViT blocks, the PatchTST
-# classifier's) keep the einsums in training, measured faster there.
+# classifier's) keep the einsums in training, measured faster there, but
+# for short sequences with narrow heads (`SHORT_NARROW_FUSED_BACKENDS`).
 FUSED_SCORES_BACKENDS = ("jax",)
 # Backends on which a plain call (as for `FUSED_ATTENTION_BACKENDS`) in
 # training runs as `_fused_call`. On TensorFlow with XLA (the recipes'
-# `jit_compile`; 2-core CPU, in-process A/B, `train_on_batch`): pico Jumbo
-# 1.07x, RegistersViT nano 1.04x (batch 32, 128 px), PatchTST classifiers
-# 1.11-1.19x (batch 256); without XLA (Keras' default on a CPU)
-# 0.96-1.06x. Its predict steps ran 0.98x, so inference keeps the einsums
-# (benchmarks/README.md). On JAX the einsums train pico 1.11x faster.
+# `jit_compile`; 2-core CPU, in-process A/B, `train_on_batch`): pico
+# Jumbo 1.04-1.07x, RegistersViT nano 1.04x (batch 32, 128 px), PatchTST
+# classifiers 1.11-1.19x (batch 256); without XLA (Keras' default on a
+# CPU) 0.96-1.06x. Its predict steps ran 0.98x, so inference keeps the
+# einsums (benchmarks/README.md). On JAX the einsums train pico 1.11x
+# faster.
 FUSED_TRAINING_BACKENDS = ("tensorflow",)
 # Backends on which a plain call (as for `FUSED_ATTENTION_BACKENDS`) with
 # narrow heads (`head_dim <= NARROW_HEAD_DIM`) over a short sequence (at
