@@ -95,6 +95,9 @@ Usage (2-core CPU; about 20 minutes, of which the matmul floor ~2):
         --csv benchmarks/results/vs_official_cpu.csv
     # every contender with glibc's mmap of large buffers turned off
     python benchmarks/vs_official.py --official-repo DIR --allocator no-mmap
+    # every contender with glibc's malloc on transparent huge pages
+    python benchmarks/vs_official.py --official-repo DIR \
+        --allocator huge-pages
     # the paper's GPU comparison (Jumbo Table 6: RTX 4090, batch 512, bf16)
     python benchmarks/vs_official.py --official-repo DIR --device gpu \
         --batch 512 --train-batch 512 --bf16 --image-size 224
@@ -563,6 +566,10 @@ def _run_worker(name, args, argv):
     env = dict(os.environ)
     if args.allocator == "no-mmap":
         env.update(NO_MMAP_MALLOC)
+    elif args.allocator == "huge-pages":
+        from keras_jumbo import runtime
+
+        env = runtime.with_huge_pages(env)
     if name in KERAS_BACKENDS:
         env["KERAS_BACKEND"] = KERAS_BACKENDS[name]
     elif name in ("peak", "matmul_floor", "matmul_floor_one_core"):
@@ -670,11 +677,14 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument(
         "--allocator",
-        choices=("default", "no-mmap"),
+        choices=("default", "no-mmap", "huge-pages"),
         default="default",
         help="glibc malloc settings of every contender's process: the "
-        "default, or no-mmap (MALLOC_MMAP_MAX_=0 and friends; large "
-        "buffers reused instead of page-faulted in at every step)",
+        "default, no-mmap (MALLOC_MMAP_MAX_=0 and friends; large "
+        "buffers reused instead of page-faulted in at every step), or "
+        "huge-pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1: malloc's "
+        "memory on transparent huge pages, "
+        "keras_jumbo.runtime.with_huge_pages)",
     )
     parser.add_argument(
         "--no-matmul-floor",

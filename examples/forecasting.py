@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from keras_jumbo import data  # noqa: E402
+from keras_jumbo import runtime  # noqa: E402
 from recipes import time_series as recipe  # noqa: E402
 
 
@@ -84,4 +85,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # glibc's malloc on transparent huge pages (every backend; faster
+    # training steps on a CPU): starts the script again, once.
+    runtime.restart_with_huge_pages()
     sys.exit(main())

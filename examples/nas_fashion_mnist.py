@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 
 from keras_jumbo import nas  # noqa: E402
 from keras_jumbo import optimizers  # noqa: E402
+from keras_jumbo import runtime  # noqa: E402
 from keras_jumbo.data import load_fashion_mnist  # noqa: E402
 
 MEAN, STD = 0.2860, 0.3530
@@ -161,4 +162,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # glibc's malloc on transparent huge pages (every backend; faster
+    # training steps on a CPU): starts the script again, once.
+    runtime.restart_with_huge_pages()
     raise SystemExit(main())

@@ -22,6 +22,7 @@ import sys
 os.environ.setdefault("KERAS_BACKEND", "jax")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from keras_jumbo import runtime  # noqa: E402
 from recipes import time_series as recipe  # noqa: E402
 
 
@@ -53,4 +54,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # glibc's malloc on transparent huge pages (every backend; faster
+    # training steps on a CPU): starts the script again, once.
+    runtime.restart_with_huge_pages()
     sys.exit(main())

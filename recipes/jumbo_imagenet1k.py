@@ -133,4 +133,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    common.restart_with_huge_pages()
     main()

@@ -243,4 +243,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    common.restart_with_huge_pages()
     main()

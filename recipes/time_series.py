@@ -51,6 +51,7 @@ from keras_jumbo import data
 from keras_jumbo import models
 from keras_jumbo import optimizers
 from keras_jumbo.schedules import warmup_cosine
+from recipes import common
 
 CLASSIFIERS = ("patchtst", "patchtst_registers", "patchtst_jumbo")
 LEARNING_RATES = (3e-3, 1e-3, 3e-4, 1e-4)
@@ -852,6 +853,16 @@ def main(argv=None):
     parser.add_argument("--results", help="write the results markdown here")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument(
+        "--allocator",
+        choices=("auto", "default"),
+        default="auto",
+        help="auto: run as a script, start again with glibc's malloc on "
+        "transparent huge pages first (keras_jumbo.runtime."
+        "restart_with_huge_pages; e.g. the PatchTST forecaster's and "
+        "MS-PatchTST's training steps ~1.2x faster on 2 CPU cores); "
+        "default: glibc's defaults",
+    )
+    parser.add_argument(
         "--records",
         help="JSON-lines file of finished runs: appended to after every "
         "run; runs already in it are reused (resume an interrupted sweep)",
@@ -936,4 +947,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    common.restart_with_huge_pages()
     raise SystemExit(main())

@@ -277,3 +277,205 @@ def test_accelerator_available_asks_the_backend(monkeypatch):
         assert runtime.accelerator_available() is True
     finally:
         runtime.accelerator_available.cache_clear()
+
+
+# --- glibc's malloc on transparent huge pages --------------------------------
+
+
+def test_with_huge_pages_adds_the_tunable_after_the_others():
+    env = {"PATH": "/bin"}
+    assert runtime.with_huge_pages(env) == {
+        "PATH": "/bin",
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+    }
+    assert env == {"PATH": "/bin"}  # a copy
+    env = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.pthread.x=1"}
+    assert runtime.with_huge_pages(env)["GLIBC_TUNABLES"] == (
+        "glibc.malloc.arena_max=2:glibc.pthread.x=1:glibc.malloc.hugetlb=1"
+    )
+    # A value the user chose, 0 included, stays.
+    for chosen in ("glibc.malloc.hugetlb=0", "a=1:glibc.malloc.hugetlb=2"):
+        env = {"GLIBC_TUNABLES": chosen}
+        assert runtime.with_huge_pages(env) == env
+    assert "GLIBC_TUNABLES" in runtime.with_huge_pages()  # os.environ
+
+
+@pytest.mark.parametrize(
+    "text, mode",
+    [
+        ("always [madvise] never\n", "madvise"),
+        ("[always] madvise never\n", "always"),
+        ("always madvise [never]\n", "never"),
+        ("always madvise never\n", None),
+    ],
+)
+def test_transparent_huge_page_mode_is_the_bracketed_word(tmp_path, text, mode):
+    path = tmp_path / "enabled"
+    path.write_text(text)
+    assert runtime.transparent_huge_page_mode(str(path)) == mode
+    assert runtime.transparent_huge_page_mode(str(tmp_path / "no")) is None
+
+
+@pytest.mark.parametrize(
+    "version, mode, supported",
+    [
+        ((2, 36), "madvise", True),
+        ((2, 35), "madvise", True),
+        ((2, 34), "madvise", False),  # no such tunable before 2.35
+        ((2, 36), "always", False),  # huge pages already
+        ((2, 36), "never", False),
+        ((2, 36), None, False),
+        (None, "madvise", False),  # not glibc
+    ],
+)
+def test_huge_pages_need_glibc_2_35_and_the_madvise_mode(
+    monkeypatch, version, mode, supported
+):
+    monkeypatch.setattr(runtime, "_glibc_version", lambda: version)
+    monkeypatch.setattr(runtime, "transparent_huge_page_mode", lambda: mode)
+    assert runtime.huge_pages_supported() is supported
+
+
+@pytest.fixture
+def restart(monkeypatch):
+    """`restart_with_huge_pages` where huge pages are supported, with
+    `os.execve` recorded instead of run (and made to fail on request)."""
+    calls = []
+    failure = []
+
+    def execve(path, argv, env):
+        calls.append((path, list(argv), dict(env)))
+        if failure:
+            raise OSError(failure[0])
+
+    monkeypatch.setattr(runtime.os, "execve", execve)
+    monkeypatch.setattr(runtime, "huge_pages_supported", lambda: True)
+    for name in ("GLIBC_TUNABLES", runtime._RESTARTED):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(runtime.sys, "argv", ["train.py", "--epochs", "3"])
+    monkeypatch.setattr(
+        runtime.sys, "orig_argv", ["python", "train.py", "--epochs", "3"]
+    )
+    return calls, failure
+
+
+def test_restart_starts_the_same_command_with_the_tunable(
+    monkeypatch, capsys, restart
+):
+    calls, failure = restart
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    runtime.restart_with_huge_pages()
+    ((path, argv, env),) = calls
+    assert path == sys.executable
+    assert argv == ["python", "train.py", "--epochs", "3"]
+    assert env["GLIBC_TUNABLES"] == (
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    )
+    assert env[runtime._RESTARTED] == "1"
+    assert env["PATH"] == os.environ["PATH"]
+    assert "restarting with GLIBC_TUNABLES" in capsys.readouterr().out
+    # `exec` failing: said, and the program goes on without huge pages.
+    failure.append("no such file")
+    assert runtime.restart_with_huge_pages() is False
+    assert "not restarted (no such file)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["restarted", "chosen", "off", "unsupported", "stdin", "interactive"],
+)
+def test_restart_happens_at_most_once_and_only_for_a_script(
+    monkeypatch, restart, case
+):
+    calls, _ = restart
+    if case == "restarted":
+        monkeypatch.setenv(runtime._RESTARTED, "1")
+    elif case == "chosen":
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    elif case == "off":
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
+    elif case == "unsupported":
+        monkeypatch.setattr(runtime, "huge_pages_supported", lambda: False)
+    elif case == "stdin":
+        monkeypatch.setattr(runtime.sys, "argv", ["-"])
+    else:
+
+        class Flags:
+            interactive = 1
+
+        monkeypatch.setattr(runtime.sys, "flags", Flags())
+    assert runtime.restart_with_huge_pages() is False
+    assert calls == []
+
+
+# A script that restarts itself, then has glibc's malloc map 96 MB and
+# touch it; prints its PID and tunables before and after, and how many kB
+# of the process's anonymous memory are huge pages before and after the
+# allocation. (numpy asks for huge pages for its own large arrays, so the
+# check goes through `malloc`.)
+_RESTART = """
+import ctypes, os, sys
+from keras_jumbo import runtime
+print("start", os.getpid(), os.environ.get("GLIBC_TUNABLES"), *sys.argv[1:])
+if __name__ == "__main__":
+    runtime.restart_with_huge_pages()
+    def huge_kb():
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+        return 0
+    before = huge_kb()
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    size = 96 * 2**20
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    print("huge", runtime.huge_pages_active(), huge_kb() - before)
+"""
+
+
+def _run_restart(tmp_path, tunables=None):
+    script = tmp_path / "restart.py"
+    script.write_text(_RESTART)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop(runtime._RESTARTED, None)
+    env.pop("GLIBC_TUNABLES", None)
+    if tunables is not None:
+        env["GLIBC_TUNABLES"] = tunables
+    out = subprocess.run(
+        [sys.executable, str(script), "a", "b"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [line.split() for line in out.stdout.splitlines()]
+
+
+@pytest.mark.once
+def test_a_restarted_script_gets_huge_pages_from_malloc(tmp_path):
+    """Measured in the process, not timed: after the restart (same PID,
+    same arguments, the tunable added), 96 MB that `malloc` hands out and
+    the program touches are backed by huge pages; in a process started with
+    `glibc.malloc.hugetlb=0`, none of them are. Where huge pages are not
+    supported (another kernel mode, old glibc, no glibc), the script runs
+    once, unchanged."""
+    lines = _run_restart(tmp_path)
+    if not runtime.huge_pages_supported():
+        assert [line[0] for line in lines] == ["start", "huge"]
+        assert lines[1][1] == "False"
+        return
+    start, said, again, huge = lines
+    assert start[0] == "start" and start[2:] == ["None", "a", "b"]
+    assert said[:3] == ["keras_jumbo:", "restarting", "with"]
+    assert again[:2] == start[:2]  # the same process
+    assert again[2:] == ["glibc.malloc.hugetlb=1", "a", "b"]
+    assert huge[:2] == ["huge", "True"]
+    assert int(huge[2]) >= 64 * 1024, huge  # kB: most of the 96 MB
+    # Asked against: no restart and no huge pages from malloc.
+    start, huge = _run_restart(tmp_path, "glibc.malloc.hugetlb=0")
+    assert start[2:] == ["glibc.malloc.hugetlb=0", "a", "b"]
+    assert huge[:2] == ["huge", "False"]
+    assert int(huge[2]) < 8 * 1024, huge

@@ -539,6 +539,35 @@ def test_allocator_flag_keeps_freed_memory_on_jax_only(monkeypatch):
         common.apply_allocator("keep")
 
 
+@pytest.mark.parametrize(
+    "argv, restarts",
+    [
+        ([], True),
+        (["--smoke", "--allocator", "auto"], True),
+        (["--allocator", "default", "--smoke"], False),
+        (["--smoke", "--allocator=default"], False),
+    ],
+)
+def test_recipe_scripts_restart_with_huge_pages_unless_told_not_to(
+    monkeypatch, argv, restarts
+):
+    """The scripts' `__main__` step: the runtime's restart (which itself
+    checks that huge pages change something) unless `--allocator
+    default`; the command line is read from `sys.argv` by default."""
+    calls = []
+    monkeypatch.setattr(
+        common.kj_runtime,
+        "restart_with_huge_pages",
+        lambda: calls.append(1) or False,
+    )
+    assert common.restart_with_huge_pages(argv) is False
+    assert calls == ([1] if restarts else [])
+    monkeypatch.setattr(common.sys, "argv", ["recipe.py", *argv])
+    calls.clear()
+    common.restart_with_huge_pages()
+    assert calls == ([1] if restarts else [])
+
+
 def test_cxx_compiler_prefers_cxx_variable(monkeypatch, tmp_path):
     compiler = tmp_path / "my-c++"
     compiler.write_text("#!/bin/sh\n")
