@@ -198,13 +198,13 @@ def with_huge_pages(environ=None):
 
     Measured on 2 CPU cores (Intel Xeon, kernel mode "madvise"; separate
     processes, steps per second; benchmarks/README.md, thirty-sixth
-    session): JAX training steps 1.18x (pico Jumbo, batch 32), 1.22x
+    session): JAX training steps 1.17x (pico Jumbo, batch 32), 1.22x
     (PatchTST forecaster, batch 64), 1.23x (MS-PatchTST, 28 channels, a
     step with a multi-GB buffer, where `keep_freed_memory` does not stop
     the faults); eager PyTorch 1.03-1.05x, TensorFlow 1.02x, JAX predict
-    steps 1.01-1.05x; a 11 ms step (PatchTST+Jumbo, batch 8) 1.02-1.06x,
-    where `keep_freed_memory` made it 0.8x. Page faults per step fall by
-    5-75x. Numerics: unchanged (only where memory comes from).
+    steps 1.01-1.05x; an 11 ms step (PatchTST+Jumbo, batch 8) 1.02-1.06x,
+    where `keep_freed_memory` made it 0.8x. The process's page faults
+    fall 2.7-75x. Numerics: unchanged (only where memory comes from).
 
     Args:
         environ: mapping of environment variables, or None for

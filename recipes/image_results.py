@@ -1118,16 +1118,7 @@ def main(argv=None):
         "--sizes", nargs="+", choices=SIZES, default=list(SIZES)
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument(
-        "--allocator",
-        choices=("auto", "default"),
-        default="auto",
-        help="auto: run as a script, start again with glibc's malloc on "
-        "transparent huge pages first (keras_jumbo.runtime."
-        "restart_with_huge_pages; e.g. the PatchTST forecaster's and "
-        "MS-PatchTST's training steps ~1.2x faster on 2 CPU cores); "
-        "default: glibc's defaults",
-    )
+    common.add_huge_pages_argument(parser)
     args = parser.parse_args(argv)
     write_results(args.results, args)
     return 0

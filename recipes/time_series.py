@@ -852,16 +852,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", help="write the results markdown here")
     parser.add_argument("--smoke", action="store_true")
-    parser.add_argument(
-        "--allocator",
-        choices=("auto", "default"),
-        default="auto",
-        help="auto: run as a script, start again with glibc's malloc on "
-        "transparent huge pages first (keras_jumbo.runtime."
-        "restart_with_huge_pages; e.g. the PatchTST forecaster's and "
-        "MS-PatchTST's training steps ~1.2x faster on 2 CPU cores); "
-        "default: glibc's defaults",
-    )
+    common.add_huge_pages_argument(parser)
     parser.add_argument(
         "--records",
         help="JSON-lines file of finished runs: appended to after every "
