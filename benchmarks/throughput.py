@@ -8,10 +8,13 @@ memory of a training step, each model in a fresh subprocess so that the
 memory numbers do not mix. Peak memory comes from the device where the
 backend exposes it (JAX `memory_stats`, `torch.cuda.max_memory_allocated`,
 TensorFlow `get_memory_info`) and otherwise from the process' peak RSS
-growth over the training steps (CPU; labelled `host_rss`). On JAX each
-image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`,
-as the image recipes do (`--allocator auto`; `--allocator default`
-measures without it); the CSV's `allocator` column says which ran.
+growth over the training steps (CPU; labelled `host_rss`). As the recipes
+do (`--allocator auto`; `--allocator default` measures without it), every
+worker starts with glibc's malloc on transparent huge pages where that
+changes something (`keras_jumbo.runtime.with_huge_pages`), and on JAX each
+image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`;
+the CSV's `allocator` column says which ran (`huge-pages`, `kept`, both, or
+`default`).
 
 Printed in the same run: JumboViT / RegistersViT inference throughput per
 size (paper, Jumbo Tables 5-6 at 128 px on an RTX 4090: 101.7K / 105.9K =
@@ -47,6 +50,7 @@ import numpy as np  # noqa: E402
 
 from keras_jumbo import models  # noqa: E402
 from keras_jumbo import optimizers  # noqa: E402
+from keras_jumbo import runtime  # noqa: E402
 
 # The recipes' `--allocator` policy, shared (`recipes/` sits beside this
 # directory and is not installed).
@@ -286,15 +290,20 @@ def jit_ratio(name, image_size, batch, steps, num_classes=1000):
 
 
 def _apply_allocator(flag, names):
-    """`--allocator` for a process that measures `names`: "kept" when
-    `keras_jumbo.runtime.keep_freed_memory()` ran, else "default". The
-    image recipes' policy (`recipes.common.apply_allocator`: flag "auto"
-    on JAX, with glibc) when an image model is among `names`; the
-    time-series recipe does not call it (a PatchTST step of ~12 ms, batch
-    8, ran 15-20% slower with it; benchmarks/README.md). Call it before
-    the process's first JAX computation."""
+    """`--allocator` for a process that measures `names`: the CSV's label,
+    "huge-pages" when the process started with glibc's malloc on
+    transparent huge pages (`runtime.huge_pages_active()`), "kept" when
+    `keras_jumbo.runtime.keep_freed_memory()` ran, both joined by "+",
+    else "default". Keeping memory follows the image recipes' policy
+    (`recipes.common.apply_allocator`: flag "auto" on JAX, with glibc)
+    when an image model is among `names`; the time-series recipe does not
+    call it (a PatchTST step of ~12 ms, batch 8, ran 15-20% slower with
+    it; benchmarks/README.md). Call it before the process's first JAX
+    computation."""
     images = any(name not in TIME_SERIES for name in names)
-    return "kept" if images and apply_allocator(flag) else "default"
+    labels = ["huge-pages"] if runtime.huge_pages_active() else []
+    labels += ["kept"] if images and apply_allocator(flag) else []
+    return "+".join(labels) or "default"
 
 
 def _in_subprocess(args, name):
@@ -313,7 +322,11 @@ def _in_subprocess(args, name):
     command += ["--allocator", args.allocator]
     command += ["--bf16"] if args.bf16 else []
     command += ["--no-train"] if args.no_train else []
-    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    # `--allocator auto`: the worker starts as the recipes restart.
+    env = runtime.with_huge_pages() if args.allocator == "auto" else None
+    out = subprocess.run(
+        command, capture_output=True, text=True, check=False, env=env
+    )
     if out.returncode:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -381,13 +394,15 @@ def main(argv=None):
         "--allocator",
         choices=("auto", "default"),
         default="auto",
-        help="auto (what the recipes do): on JAX, "
-        "keras_jumbo.runtime.keep_freed_memory() before the first "
-        "computation of every image model's worker (the image recipes "
-        "call it, the time-series recipe does not; with --in-process, for "
-        "the whole process when any image model is listed); default: "
-        "glibc's defaults and JAX's asynchronous dispatch. Written to the "
-        "CSV's `allocator` column",
+        help="auto (what the recipes do): every worker starts with glibc's "
+        "malloc on transparent huge pages (keras_jumbo.runtime."
+        "with_huge_pages; with --in-process, only if this process did), "
+        "and on JAX keras_jumbo.runtime.keep_freed_memory() runs before "
+        "the first computation of every image model's worker (the image "
+        "recipes call it, the time-series recipe does not; with "
+        "--in-process, for the whole process when any image model is "
+        "listed); default: glibc's defaults and JAX's asynchronous "
+        "dispatch. Written to the CSV's `allocator` column",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
