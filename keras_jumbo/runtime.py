@@ -20,6 +20,7 @@ import functools
 import os
 import platform
 import sys
+from collections.abc import Mapping
 
 import keras
 
@@ -213,7 +214,15 @@ def with_huge_pages(environ=None):
     Returns:
         A new dict (unchanged contents where `glibc.malloc.hugetlb` is
         already set).
+
+    Raises:
+        TypeError: `environ` is not a mapping (or None).
     """
+    if environ is not None and not isinstance(environ, Mapping):
+        raise TypeError(
+            "`environ` must be a mapping of environment variables or None. "
+            f"Received: environ={environ!r:.200}"
+        )
     environ = dict(os.environ if environ is None else environ)
     tunables = _tunables(environ)
     if HUGE_PAGES_TUNABLE not in tunables:

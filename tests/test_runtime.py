@@ -298,6 +298,8 @@ def test_with_huge_pages_adds_the_tunable_after_the_others():
         env = {"GLIBC_TUNABLES": chosen}
         assert runtime.with_huge_pages(env) == env
     assert "GLIBC_TUNABLES" in runtime.with_huge_pages()  # os.environ
+    with pytest.raises(TypeError, match=r"environ=\['PATH=/bin'\]"):
+        runtime.with_huge_pages(["PATH=/bin"])
 
 
 @pytest.mark.parametrize(
