@@ -19,8 +19,10 @@ without an accelerator: no XLA; the recipes turn XLA on for long runs), so
 the TensorFlow speed-ups are against a slower step than the recipes'.
 
 Prints each contender's images/s (median epoch) and the host / batched
-speed-up (median of the per-round ratios). On JAX the process keeps freed
-memory (`keep_freed_memory()`), as the image recipes do.
+speed-up (median of the per-round ratios). As the image recipes do, the
+script starts again with glibc's malloc on transparent huge pages
+(`restart_with_huge_pages()`), and keeps freed memory on JAX
+(`keep_freed_memory()`) only where that is not possible.
 
 Command:
     KERAS_BACKEND=jax python benchmarks/augmented_fit.py --image-size 128
@@ -29,6 +31,7 @@ Command:
 import argparse
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -38,7 +41,12 @@ import numpy as np  # noqa: E402
 
 from keras_jumbo import data  # noqa: E402
 from keras_jumbo import models  # noqa: E402
-from keras_jumbo import runtime  # noqa: E402
+
+# The recipes' `--allocator` policy, shared (`recipes/` sits beside this
+# directory and is not installed).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recipes.common import apply_allocator  # noqa: E402
+from recipes.common import restart_with_huge_pages  # noqa: E402
 
 IMPLEMENTATIONS = ("batched", "host")
 
@@ -56,8 +64,7 @@ def main():
         choices=("rand_augment", "three_augment"),
     )
     args = parser.parse_args()
-    if keras.backend.backend() == "jax":
-        runtime.keep_freed_memory()
+    apply_allocator("auto")
     rng = np.random.default_rng(0)
     count = args.batch * args.steps
     shape = (count, args.image_size, args.image_size, 3)
@@ -111,4 +118,5 @@ def main():
 
 
 if __name__ == "__main__":
+    restart_with_huge_pages()
     main()

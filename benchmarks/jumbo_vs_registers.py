@@ -9,11 +9,14 @@ images/s, Tables 5-6).
 Both models run through Keras' compiled predict function (XLA on JAX,
 tf.function on TensorFlow, eager on PyTorch) on random 128 px images,
 after warm-up. The batch is a tensor of the backend, made once (as in
-`vs_official.py`: no copy from NumPy inside the timed loop). On JAX the
-process first calls `keras_jumbo.runtime.keep_freed_memory()`, as the
-image recipes do (`--allocator auto`, the default; `--allocator default`
-measures without it). The two models are timed in `--rounds` interleaved rounds
-(the order alternates), so a slow phase of a shared machine hits both;
+`vs_official.py`: no copy from NumPy inside the timed loop). As the image
+recipes do (`--allocator auto`, the default; `--allocator default`
+measures without either), the script starts again with glibc's malloc on
+transparent huge pages (`keras_jumbo.runtime.restart_with_huge_pages`),
+or where that is not possible, on JAX, calls
+`keras_jumbo.runtime.keep_freed_memory()` first. The two models are timed
+in `--rounds` interleaved rounds (the order alternates), so a slow phase of
+a shared machine hits both;
 the script prints each round's ratio and the median images/s and ratio.
 Beside it, the ratio the two models' multiply-accumulates alone predict
 (`count_macs`: Registers' MACs / Jumbo's, the ratio at equal FLOP
@@ -44,7 +47,9 @@ from keras_jumbo.models import count_macs  # noqa: E402
 # The recipes' `--allocator` policy, shared (`recipes/` sits beside this
 # directory and is not installed).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recipes.common import allocator_label  # noqa: E402
 from recipes.common import apply_allocator  # noqa: E402
+from recipes.common import restart_with_huge_pages  # noqa: E402
 
 
 def images_per_second(model, images, steps, warmup):
@@ -91,9 +96,10 @@ def main(argv=None):
         "--allocator",
         choices=("auto", "default"),
         default="auto",
-        help="auto (what the image recipes do): on JAX, "
-        "keras_jumbo.runtime.keep_freed_memory() before the first "
-        "computation; default: glibc's defaults",
+        help="auto (what the image recipes do): run as a script, start "
+        "again with glibc's malloc on transparent huge pages; without "
+        "them, on JAX, keras_jumbo.runtime.keep_freed_memory() before the "
+        "first computation; default: glibc's defaults",
     )
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -110,7 +116,7 @@ def main(argv=None):
     print(
         f"backend={keras.backend.backend()} dtype={args.dtype} "
         f"batch={args.batch} steps={args.steps} rounds={args.rounds} "
-        f"image={args.image_size}px allocator={'kept' if kept else 'default'}"
+        f"image={args.image_size}px allocator={allocator_label(kept)}"
     )
     print(
         f"{'size':<6} {'Jumbo img/s':>12} {'Registers img/s':>16} "
@@ -135,4 +141,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    restart_with_huge_pages()
     main()

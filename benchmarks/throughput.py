@@ -11,10 +11,10 @@ TensorFlow `get_memory_info`) and otherwise from the process' peak RSS
 growth over the training steps (CPU; labelled `host_rss`). As the recipes
 do (`--allocator auto`; `--allocator default` measures without it), every
 worker starts with glibc's malloc on transparent huge pages where that
-changes something (`keras_jumbo.runtime.with_huge_pages`), and on JAX each
-image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`;
-the CSV's `allocator` column says which ran (`huge-pages`, `kept`, both, or
-`default`).
+changes something (`keras_jumbo.runtime.with_huge_pages`); where it does
+not, on JAX each image model's worker first calls
+`keras_jumbo.runtime.keep_freed_memory()` instead; the CSV's `allocator`
+column says which ran (`huge-pages`, `kept`, or `default`).
 
 Printed in the same run: JumboViT / RegistersViT inference throughput per
 size (paper, Jumbo Tables 5-6 at 128 px on an RTX 4090: 101.7K / 105.9K =
@@ -55,6 +55,7 @@ from keras_jumbo import runtime  # noqa: E402
 # The recipes' `--allocator` policy, shared (`recipes/` sits beside this
 # directory and is not installed).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recipes.common import allocator_label  # noqa: E402
 from recipes.common import apply_allocator  # noqa: E402
 
 # `--models cpu`: one or more sizes of every family, small enough for a CPU.
@@ -290,20 +291,16 @@ def jit_ratio(name, image_size, batch, steps, num_classes=1000):
 
 
 def _apply_allocator(flag, names):
-    """`--allocator` for a process that measures `names`: the CSV's label,
-    "huge-pages" when the process started with glibc's malloc on
-    transparent huge pages (`runtime.huge_pages_active()`), "kept" when
-    `keras_jumbo.runtime.keep_freed_memory()` ran, both joined by "+",
-    else "default". Keeping memory follows the image recipes' policy
-    (`recipes.common.apply_allocator`: flag "auto" on JAX, with glibc)
-    when an image model is among `names`; the time-series recipe does not
-    call it (a PatchTST step of ~12 ms, batch 8, ran 15-20% slower with
-    it; benchmarks/README.md). Call it before the process's first JAX
-    computation."""
+    """`--allocator` for a process that measures `names`: the CSV's label
+    (`recipes.common.allocator_label`: "huge-pages", "kept", both joined
+    by "+", or "default"). Keeping memory follows the image recipes'
+    policy (`recipes.common.apply_allocator`: flag "auto" on JAX, with
+    glibc, without huge pages) when an image model is among `names`; the
+    time-series recipe does not call it (a PatchTST step of ~12 ms, batch
+    8, ran 15-20% slower with it; benchmarks/README.md). Call it before
+    the process's first JAX computation."""
     images = any(name not in TIME_SERIES for name in names)
-    labels = ["huge-pages"] if runtime.huge_pages_active() else []
-    labels += ["kept"] if images and apply_allocator(flag) else []
-    return "+".join(labels) or "default"
+    return allocator_label(images and apply_allocator(flag))
 
 
 def _in_subprocess(args, name):
@@ -396,10 +393,10 @@ def main(argv=None):
         default="auto",
         help="auto (what the recipes do): every worker starts with glibc's "
         "malloc on transparent huge pages (keras_jumbo.runtime."
-        "with_huge_pages; with --in-process, only if this process did), "
-        "and on JAX keras_jumbo.runtime.keep_freed_memory() runs before "
-        "the first computation of every image model's worker (the image "
-        "recipes call it, the time-series recipe does not; with "
+        "with_huge_pages; with --in-process, only if this process did); "
+        "without them, on JAX keras_jumbo.runtime.keep_freed_memory() runs "
+        "before the first computation of every image model's worker (as "
+        "in the image recipes; the time-series recipe does not; with "
         "--in-process, for the whole process when any image model is "
         "listed); default: glibc's defaults and JAX's asynchronous "
         "dispatch. Written to the CSV's `allocator` column",

@@ -96,8 +96,14 @@ def keep_freed_memory():
 
     Starting the process with glibc's malloc on transparent huge pages
     (`restart_with_huge_pages`) cuts the faults another way, on every
-    backend and without the small steps' slowdown; for image models on
-    JAX the two together measured best (pico: 2% over this alone).
+    backend and without the small steps' slowdown; the recipes use it
+    instead where it is available. Both together measured 1.02-1.07x
+    over huge pages alone for pico / tiny Jumbo, but not for Non-Deep
+    ViT: its training steps kept faulting ~1.7 GB a step in most
+    processes (not in all: likely threads attached to malloc arenas of
+    their own, which the settings do not govern), with up to 1.9 GB more
+    peak memory and 0.58-0.77x the images/s (benchmarks/README.md,
+    thirty-seventh session).
 
     Call it before the first JAX computation (after `import keras` is
     fine): JAX reads the dispatch setting when it creates its CPU client,

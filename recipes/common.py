@@ -179,12 +179,12 @@ def parser(recipe, description):
         help="auto: run as a script, the recipe first starts itself again "
         "with glibc's malloc on transparent huge pages "
         "(keras_jumbo.runtime.restart_with_huge_pages; every backend, where "
-        "Linux's mode is 'madvise'); on JAX it also keeps the memory a "
-        "training step frees in the process "
-        "(keras_jumbo.runtime.keep_freed_memory: no page faults on each "
-        "step's temporary buffer; JAX then runs its computations on the "
-        "calling thread). Together about +25%% images/s for pico on 2 CPU "
-        "cores. default: glibc's defaults and JAX's asynchronous dispatch",
+        "Linux's mode is 'madvise'; JAX training steps ~1.2x faster on 2 "
+        "CPU cores). Where that is not possible (run in-process, another "
+        "mode, an older glibc), on JAX it keeps the memory a training step "
+        "frees in the process instead (keras_jumbo.runtime."
+        "keep_freed_memory; JAX then runs its computations on the calling "
+        "thread). default: glibc's defaults and JAX's asynchronous dispatch",
     )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--verbose", type=int, default=2)
@@ -223,16 +223,35 @@ def restart_with_huge_pages(argv=None):
     return kj_runtime.restart_with_huge_pages()
 
 
+def allocator_label(kept):
+    """What a benchmark records of the process's allocator: "huge-pages"
+    when it started with glibc's malloc on transparent huge pages
+    (`keras_jumbo.runtime.huge_pages_active()`), "kept" when `kept`
+    (`apply_allocator` applied `keep_freed_memory`), both joined by "+",
+    else "default"."""
+    labels = ["huge-pages"] if kj_runtime.huge_pages_active() else []
+    labels += ["kept"] if kept else []
+    return "+".join(labels) or "default"
+
+
 def apply_allocator(flag):
     """`--allocator`: True when `keras_jumbo.runtime.keep_freed_memory`
-    was applied (flag "auto" on JAX, with glibc). It must run before the
-    run's first JAX computation, so `run` calls it first."""
+    was applied: flag "auto", on JAX, with glibc, in a process not started
+    with glibc's malloc on transparent huge pages. With huge pages it is
+    left out: on top of them it measured 1.02-1.07x for pico / tiny Jumbo,
+    but Non-Deep ViT's training steps (6x2 at 224 px, 4x3 at 128 px) kept
+    page-faulting ~1.7 GB a step, with up to 1.9 GB more peak memory and
+    0.58-0.77x the images/s in most runs (benchmarks/README.md, thirty-
+    seventh session). It must run before the run's first JAX computation,
+    so `run` calls it first."""
     if flag not in ("auto", "default"):
         raise ValueError(
             "`allocator` must be 'auto' or 'default'. "
             f"Received: allocator={flag!r}"
         )
     if flag == "default" or keras.backend.backend() != "jax":
+        return False
+    if kj_runtime.huge_pages_active():
         return False
     return kj_runtime.keep_freed_memory()
 

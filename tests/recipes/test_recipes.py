@@ -531,12 +531,25 @@ def test_allocator_flag_keeps_freed_memory_on_jax_only(monkeypatch):
     monkeypatch.setattr(
         common.kj_runtime, "keep_freed_memory", lambda: calls.append(1) or True
     )
+    monkeypatch.setattr(common.kj_runtime, "huge_pages_active", lambda: False)
     on_jax = keras.backend.backend() == "jax"
     assert common.apply_allocator("auto") is on_jax
     assert common.apply_allocator("default") is False
     assert calls == ([1] if on_jax else [])
     with pytest.raises(ValueError, match="allocator='keep'"):
         common.apply_allocator("keep")
+
+
+def test_allocator_flag_leaves_memory_to_huge_pages(monkeypatch):
+    """A process started with glibc's malloc on huge pages (the recipes'
+    restart) does not also keep freed memory, on any backend."""
+    calls = []
+    monkeypatch.setattr(
+        common.kj_runtime, "keep_freed_memory", lambda: calls.append(1) or True
+    )
+    monkeypatch.setattr(common.kj_runtime, "huge_pages_active", lambda: True)
+    assert common.apply_allocator("auto") is False
+    assert calls == []
 
 
 @pytest.mark.parametrize(
@@ -566,6 +579,24 @@ def test_recipe_scripts_restart_with_huge_pages_unless_told_not_to(
     calls.clear()
     common.restart_with_huge_pages()
     assert calls == ([1] if restarts else [])
+
+
+@pytest.mark.parametrize(
+    "huge, kept, label",
+    [
+        (False, False, "default"),
+        (False, True, "kept"),
+        (True, False, "huge-pages"),
+        (True, True, "huge-pages+kept"),
+    ],
+)
+def test_allocator_label_names_huge_pages_and_kept_memory(
+    monkeypatch, huge, kept, label
+):
+    """What the benchmarks record (throughput.py's CSV column,
+    jumbo_vs_registers.py's header line)."""
+    monkeypatch.setattr(common.kj_runtime, "huge_pages_active", lambda: huge)
+    assert common.allocator_label(kept) == label
 
 
 def test_cxx_compiler_prefers_cxx_variable(monkeypatch, tmp_path):
