@@ -14,7 +14,8 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   AMD CPU, a large float32 product (and its gradients) runs on oneDNN's
   matmul instead (`onednn_preferred`): MKL, `F.linear`'s BLAS, runs its
   AVX2 kernels there (eager pico predict on 2 Zen 5 cores: 471 -> 756
-  img/s).
+  img/s). On an Intel CPU, only where no gradient is needed (eager pico
+  predict on 2 Xeon cores 1.05x).
 - `reshape`: `ops.reshape` flattens its `newshape` tuple with torch's
   pytree (to look for symbolic tensors): ~22 us a call against ~1.5 us
   for the reshape itself.
@@ -123,36 +124,49 @@ def linear(x, kernel, bias=None):
 # from 8M; benchmarks/README.md, "PyTorch: oneDNN's matmul for large
 # dense layers").
 ONEDNN_MIN_MACS = 2**22
+# The same on an Intel CPU (inference only), where MKL runs its AVX-512
+# kernels, with a floor on the rows. On 2 Xeon cores oneDNN's speed against
+# MKL's: 0.5-0.9x at 0.5-10M multiply-adds, 0.96x at 21M, 1.05-1.13x at 41M,
+# 1.03-1.21x from 62M, but 0.65-0.68x for few rows into many outputs (32 x
+# 1152 x 4608, 80 x 768 x 3072: a Jumbo FFN's and a ViT-Res stage's first
+# layer), which made Jumbo tiny's predict 0.93x (benchmarks/README.md,
+# thirty-seventh session).
+ONEDNN_MIN_MACS_INTEL = 2**25
+ONEDNN_MIN_ROWS_INTEL = 256
 _ONEDNN = {}
 
 
-def onednn_preferred():
-    """Whether eager PyTorch should run large float32 dense layers
-    (forward and gradients) on oneDNN's matmul
-    (`torch.ops.mkldnn._linear_pointwise`) rather than `F.linear`'s BLAS
-    (MKL in PyTorch's x86 wheels).
+def onednn_preferred(training=True):
+    """Whether eager PyTorch should run large float32 dense layers on
+    oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`) rather than
+    `F.linear`'s BLAS (MKL in PyTorch's x86 wheels): with `training`, for
+    a call whose gradient is needed (forward and gradients on oneDNN);
+    without, for one whose gradient is not (inference).
 
     MKL runs its AVX2 kernels on AMD CPUs: on 2 Zen 5 cores (full-width
     AVX-512) a 2048^3 `torch.matmul` reaches ~210 GFLOP/s where oneDNN, in
-    the same wheel, reaches ~480 (and XLA ~460). True on a Linux x86 AMD
-    CPU ("AuthenticAMD" in /proc/cpuinfo) whose PyTorch has oneDNN and
-    the op; False elsewhere (Intel CPUs, where MKL runs its AVX-512
-    kernels; ARM; other systems), which keeps `F.linear`. Decided once
-    per process."""
-    if "preferred" not in _ONEDNN:
-        _ONEDNN["preferred"] = _amd_cpu() and _has_onednn_linear()
-    return _ONEDNN["preferred"]
+    the same wheel, reaches ~480 (and XLA ~460). On Intel CPUs MKL runs
+    its AVX-512 kernels, and the two are closer: on 2 Xeon cores (family
+    6 model 207) oneDNN's forward products made pico Jumbo's eager predict
+    1.05x faster (1.08-1.15x per product), but its gradient products made
+    the training step 0.88x. So: oneDNN on a Linux x86 AMD CPU
+    ("AuthenticAMD" in /proc/cpuinfo) for every call, on an Intel one
+    ("GenuineIntel") for inference only, where the PyTorch has oneDNN and
+    the op; `F.linear` elsewhere (ARM, other systems). Decided once per
+    process."""
+    key = "preferred" if training else "inference"
+    if key not in _ONEDNN:
+        vendors = ("AuthenticAMD",)
+        vendors += () if training else ("GenuineIntel",)
+        _ONEDNN[key] = _cpu_vendor() in vendors and _has_onednn_linear()
+    return _ONEDNN[key]
 
 
-def _amd_cpu():
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("vendor_id"):
-                    return "AuthenticAMD" in line
-    except OSError:
-        pass
-    return False
+def _cpu_vendor():
+    """The CPU's `vendor_id` from /proc/cpuinfo (Linux x86), or ""."""
+    from keras_jumbo.runtime import cpu_fields
+
+    return cpu_fields().get("vendor_id", "")
 
 
 def _has_onednn_linear():
@@ -169,16 +183,43 @@ def _has_onednn_linear():
 def _onednn_linear_applies(x, kernel, tensors):
     """oneDNN for this `linear` call (`tensors`: its non-None arguments):
     float32 CPU tensors, not under `torch.compile` (Inductor picks its own
-    kernels), a product of at least `ONEDNN_MIN_MACS`, and
-    `onednn_preferred()`."""
+    kernels), a product of at least `ONEDNN_MIN_MACS`
+    (`ONEDNN_MIN_MACS_INTEL` multiply-adds and `ONEDNN_MIN_ROWS_INTEL`
+    rows on an Intel CPU), and `onednn_preferred()` for a call whose
+    gradient is needed or not."""
     import torch
 
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return False
     if x.ndim < 2 or torch.compiler.is_compiling():
         return False
-    macs = x.numel() * kernel.shape[1]
-    return macs >= ONEDNN_MIN_MACS and onednn_preferred()
+    rows = x.numel() // max(kernel.shape[0], 1)
+    min_macs, min_rows = _onednn_minimum()
+    return (
+        rows * kernel.shape[0] * kernel.shape[1] >= min_macs
+        and rows >= min_rows
+        and onednn_preferred(_needs_grad(tensors))
+    )
+
+
+def _onednn_minimum():
+    """`(multiply-adds, rows)`: the smallest product oneDNN is used for on
+    this CPU; decided once per process."""
+    if "minimum" not in _ONEDNN:
+        intel = _cpu_vendor() == "GenuineIntel"
+        _ONEDNN["minimum"] = (
+            (ONEDNN_MIN_MACS_INTEL, ONEDNN_MIN_ROWS_INTEL)
+            if intel
+            else (ONEDNN_MIN_MACS, 0)
+        )
+    return _ONEDNN["minimum"]
+
+
+def _needs_grad(tensors):
+    """Whether autograd records a call on `tensors`."""
+    import torch
+
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _onednn_matmul(a, weight, bias=None):
@@ -193,9 +234,7 @@ def _onednn_linear(x, kernel, bias, tensors):
     """`x @ kernel + bias` on oneDNN's matmul; where a gradient is needed,
     through `_onednn_linear_function()`, whose backward runs its two
     products on oneDNN too."""
-    import torch
-
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if _needs_grad(tensors):
         return _onednn_linear_function().apply(x, kernel, bias)
     return _onednn_matmul(x, kernel.T, bias)
 

@@ -403,17 +403,24 @@ def _automatic_options():
     return WIDE_VECTOR_OPTIONS
 
 
-def _amd_with_avx512(path="/proc/cpuinfo"):
-    """Whether the CPU's vendor is AMD and it has AVX-512 (Linux)."""
+def cpu_fields(path="/proc/cpuinfo"):
+    """The first processor's fields in /proc/cpuinfo (`{"vendor_id":
+    "GenuineIntel", "flags": "...", ...}`), or {} where there is none."""
     try:
         with open(path) as f:
             text = f.read()
     except OSError:
-        return False
+        return {}
     fields = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _amd_with_avx512(path="/proc/cpuinfo"):
+    """Whether the CPU's vendor is AMD and it has AVX-512 (Linux)."""
+    fields = cpu_fields(path)
     return (
         fields.get("vendor_id") == "AuthenticAMD"
         and "avx512f" in fields.get("flags", "").split()

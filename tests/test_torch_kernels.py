@@ -346,8 +346,9 @@ def _onednn_spy(monkeypatch, preferred=True, min_macs=None):
     record the oneDNN calls `linear` makes (PyTorch only)."""
     calls = []
     monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", preferred)
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "inference", preferred)
     if min_macs is not None:
-        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", min_macs)
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (min_macs, 0))
     if ON_TORCH:
         import torch
 
@@ -364,7 +365,7 @@ def _onednn_spy(monkeypatch, preferred=True, min_macs=None):
 @pytest.mark.parametrize("shape", [(5, 8), (2, 5, 8), (0, 8)])
 def test_linear_on_onednn_equals_the_formula(rng, monkeypatch, shape):
     """Where oneDNN is preferred (AMD CPUs), an inference call of at least
-    `ONEDNN_MIN_MACS` runs oneDNN's matmul (no autograd function), with
+    the size threshold runs oneDNN's matmul (no autograd function), with
     the formula's values; the other backends never reach it."""
     calls = _onednn_spy(monkeypatch, min_macs=0)
     x = _tensor(rng, shape, scale=2.0)
@@ -459,7 +460,7 @@ def test_linear_on_onednn_with_strided_views(rng, monkeypatch):
 
 
 def test_linear_keeps_f_linear_below_the_threshold(rng, monkeypatch):
-    """A product below `ONEDNN_MIN_MACS`, and every product where oneDNN
+    """A product below the size threshold, and every product where oneDNN
     is not preferred, runs `F.linear` (forward and gradient)."""
     calls = _onednn_spy(monkeypatch)
     x_np = rng.normal(size=(4, 8)).astype("float32")
@@ -473,31 +474,109 @@ def test_linear_keeps_f_linear_below_the_threshold(rng, monkeypatch):
         out.backward(torch.tensor(g_np))
         assert_allclose(out.detach(), x_np @ k_np, atol=1e-5)
         assert_allclose(kernel.grad, x_np.T @ g_np, atol=1e-5)
-        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", 0)
-        monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", False)
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (0, 0))
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "inference", False)
         with torch.no_grad():
             out = _torch_kernels.linear(torch.tensor(x_np), kernel)
         assert_allclose(out, x_np @ k_np, atol=1e-5)
     else:
-        monkeypatch.setattr(_torch_kernels, "ONEDNN_MIN_MACS", 0)
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (0, 0))
         out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np)
         assert_allclose(out, x_np @ k_np, atol=1e-5)
     assert calls == []
 
 
-def test_onednn_preferred_only_on_amd_cpus(monkeypatch):
-    """Decided once per process: AMD CPU (MKL runs its AVX2 kernels
-    there) and a PyTorch with oneDNN's linear op."""
-    for amd, expected in ((True, ON_TORCH), (False, False)):
-        monkeypatch.setattr(_torch_kernels, "_ONEDNN", {})
-        monkeypatch.setattr(_torch_kernels, "_amd_cpu", lambda amd=amd: amd)
-        if not ON_TORCH:
-            # No PyTorch kernels to prefer off the PyTorch backend.
-            monkeypatch.setattr(
-                _torch_kernels, "_has_onednn_linear", lambda: False
-            )
-        assert _torch_kernels.onednn_preferred() is expected
-        assert _torch_kernels._ONEDNN == {"preferred": expected}
+@pytest.mark.parametrize(
+    "vendor, training, inference",
+    [
+        ("AuthenticAMD", True, True),
+        ("GenuineIntel", False, True),
+        ("ARM", False, False),
+        ("", False, False),
+    ],
+)
+def test_onednn_preferred_by_cpu_vendor(
+    monkeypatch, vendor, training, inference
+):
+    """Decided once per process, for calls with and without a gradient:
+    AMD CPUs (MKL runs its AVX2 kernels there) for both, Intel CPUs for
+    inference only, and only with a PyTorch that has oneDNN's linear op."""
+    monkeypatch.setattr(_torch_kernels, "_ONEDNN", {})
+    monkeypatch.setattr(_torch_kernels, "_cpu_vendor", lambda: vendor)
+    if not ON_TORCH:
+        # No PyTorch kernels to prefer off the PyTorch backend.
+        monkeypatch.setattr(_torch_kernels, "_has_onednn_linear", lambda: False)
+        training = inference = False
+    assert _torch_kernels.onednn_preferred() is training
+    assert _torch_kernels.onednn_preferred(training=False) is inference
+    minimum = _torch_kernels._onednn_minimum()
+    assert minimum == (
+        (
+            _torch_kernels.ONEDNN_MIN_MACS_INTEL,
+            _torch_kernels.ONEDNN_MIN_ROWS_INTEL,
+        )
+        if vendor == "GenuineIntel"
+        else (_torch_kernels.ONEDNN_MIN_MACS, 0)
+    )
+    assert _torch_kernels._ONEDNN == {
+        "preferred": training,
+        "inference": inference,
+        "minimum": minimum,
+    }
+    monkeypatch.setattr(_torch_kernels, "_cpu_vendor", lambda: "changed")
+    assert _torch_kernels.onednn_preferred() is training
+    assert _torch_kernels._onednn_minimum() == minimum
+
+
+def test_onednn_on_intel_for_inference_only(rng, monkeypatch):
+    """On an Intel CPU (its inference-only setting), a call whose gradient
+    is needed runs `F.linear`, the same call under `torch.no_grad()`
+    oneDNN's matmul; values equal the formula's either way."""
+    calls = _onednn_spy(monkeypatch, min_macs=0)
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", False)
+    x_np = rng.normal(size=(2, 5, 8)).astype("float32")
+    k_np = rng.normal(size=(8, 6)).astype("float32")
+    b_np = rng.normal(size=(6,)).astype("float32")
+    expected = x_np @ k_np + b_np
+    if not ON_TORCH:
+        out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np, b_np)
+        assert_allclose(out, expected, atol=1e-5)
+        assert calls == []
+        return
+    import torch
+
+    kernel = torch.tensor(k_np, requires_grad=True)
+    bias = torch.tensor(b_np, requires_grad=True)
+    out = _torch_kernels.linear(torch.tensor(x_np), kernel, bias)
+    assert calls == []
+    assert_allclose(out.detach(), expected, atol=1e-5)
+    with torch.no_grad():
+        out = _torch_kernels.linear(torch.tensor(x_np), kernel, bias)
+    assert calls == [(2, 5, 8)]
+    assert_allclose(out, expected, atol=1e-5)
+
+
+def test_onednn_row_floor(rng, monkeypatch):
+    """The Intel setting's floor on the rows (few rows into many outputs
+    ran slower on oneDNN): rows below it run `F.linear`, rows at it
+    oneDNN's matmul, counted over every axis but the last."""
+    calls = _onednn_spy(monkeypatch)
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (0, 6))
+    kernel = _tensor(rng, (4, 3))
+    for shape in [(5, 4), (2, 3, 4), (6, 4)]:
+        x = _tensor(rng, shape)
+        expected = np.matmul(
+            ops.convert_to_numpy(x), ops.convert_to_numpy(kernel)
+        )
+        if ON_TORCH:
+            import torch
+
+            with torch.no_grad():
+                out = _torch_kernels.linear(x, kernel)
+        else:
+            out = _torch_kernels.linear(x, kernel)
+        assert_allclose(out, expected, atol=1e-5)
+    assert calls == ([(2, 3, 4), (6, 4)] if ON_TORCH else [])
 
 
 # --- summed_gradients: a shared kernel's gradient in one product ----------
