@@ -387,6 +387,26 @@ def test_linear_on_onednn_equals_the_formula(rng, monkeypatch, shape):
     assert_allclose(out, expected, atol=1e-5)
 
 
+def _linear_case(rng):
+    """A `(2, 5, 8)` input, `(8, 6)` kernel and `(6,)` bias (NumPy), and
+    `x @ kernel + bias`."""
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    kernel = rng.normal(size=(8, 6)).astype("float32")
+    bias = rng.normal(size=(6,)).astype("float32")
+    return x, kernel, bias, x @ kernel + bias
+
+
+def _formula_off_torch(calls, x, kernel, bias, expected):
+    """Off the PyTorch backend, check that `linear` gives the formula's
+    values and never reaches oneDNN, and return True; on it, False."""
+    if ON_TORCH:
+        return False
+    out = _torch_kernels.linear(ops.convert_to_tensor(x), kernel, bias)
+    assert_allclose(out, expected, atol=1e-5)
+    assert calls == []
+    return True
+
+
 @pytest.mark.parametrize("input_grad", [True, False])
 def test_linear_gradient_on_onednn_equals_the_formula(
     rng, monkeypatch, input_grad
@@ -395,16 +415,10 @@ def test_linear_gradient_on_onednn_equals_the_formula(
     autograd function): input, kernel and bias gradients equal the
     formula's, and a product whose gradient is not needed is skipped."""
     calls = _onednn_spy(monkeypatch, min_macs=0)
-    x_np = rng.normal(size=(2, 5, 8)).astype("float32")
-    k_np = rng.normal(size=(8, 6)).astype("float32")
-    b_np = rng.normal(size=(6,)).astype("float32")
+    x_np, k_np, b_np, expected = _linear_case(rng)
     g_np = rng.normal(size=(2, 5, 6)).astype("float32")
-    expected = x_np @ k_np + b_np
     rows_x, rows_g = x_np.reshape(10, 8), g_np.reshape(10, 6)
-    if not ON_TORCH:
-        out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np, b_np)
-        assert_allclose(out, expected, atol=1e-5)
-        assert calls == []
+    if _formula_off_torch(calls, x_np, k_np, b_np, expected):
         return
     import torch
 
@@ -534,14 +548,8 @@ def test_onednn_on_intel_for_inference_only(rng, monkeypatch):
     oneDNN's matmul; values equal the formula's either way."""
     calls = _onednn_spy(monkeypatch, min_macs=0)
     monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", False)
-    x_np = rng.normal(size=(2, 5, 8)).astype("float32")
-    k_np = rng.normal(size=(8, 6)).astype("float32")
-    b_np = rng.normal(size=(6,)).astype("float32")
-    expected = x_np @ k_np + b_np
-    if not ON_TORCH:
-        out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np, b_np)
-        assert_allclose(out, expected, atol=1e-5)
-        assert calls == []
+    x_np, k_np, b_np, expected = _linear_case(rng)
+    if _formula_off_torch(calls, x_np, k_np, b_np, expected):
         return
     import torch
 
