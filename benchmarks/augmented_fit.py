@@ -21,8 +21,8 @@ the TensorFlow speed-ups are against a slower step than the recipes'.
 Prints each contender's images/s (median epoch) and the host / batched
 speed-up (median of the per-round ratios). As the image recipes do, the
 script starts again with glibc's malloc on transparent huge pages
-(`restart_with_huge_pages()`), and keeps freed memory on JAX
-(`keep_freed_memory()`) only where that is not possible.
+(`restart_with_huge_pages()`) and keeps freed memory on JAX
+(`keep_freed_memory()`).
 
 Command:
     KERAS_BACKEND=jax python benchmarks/augmented_fit.py --image-size 128

@@ -12,12 +12,11 @@ after warm-up. The batch is a tensor of the backend, made once (as in
 `vs_official.py`: no copy from NumPy inside the timed loop). As the image
 recipes do (`--allocator auto`, the default; `--allocator default`
 measures without either), the script starts again with glibc's malloc on
-transparent huge pages (`keras_jumbo.runtime.restart_with_huge_pages`),
-or where that is not possible, on JAX, calls
-`keras_jumbo.runtime.keep_freed_memory()` first. The two models are timed
-in `--rounds` interleaved rounds (the order alternates), so a slow phase of
-a shared machine hits both;
-the script prints each round's ratio and the median images/s and ratio.
+transparent huge pages (`keras_jumbo.runtime.restart_with_huge_pages`)
+and, on JAX, calls `keras_jumbo.runtime.keep_freed_memory()` first. The
+two models are timed in `--rounds` interleaved rounds (the order
+alternates), so a slow phase of a shared machine hits both; the script
+prints each round's ratio and the median images/s and ratio.
 Beside it, the ratio the two models' multiply-accumulates alone predict
 (`count_macs`: Registers' MACs / Jumbo's, the ratio at equal FLOP
 efficiency) and the measured ratio over it ("efficiency": below 1 when
@@ -97,9 +96,9 @@ def main(argv=None):
         choices=("auto", "default"),
         default="auto",
         help="auto (what the image recipes do): run as a script, start "
-        "again with glibc's malloc on transparent huge pages; without "
-        "them, on JAX, keras_jumbo.runtime.keep_freed_memory() before the "
-        "first computation; default: glibc's defaults",
+        "again with glibc's malloc on transparent huge pages, and on JAX "
+        "keras_jumbo.runtime.keep_freed_memory() before the first "
+        "computation; default: glibc's defaults",
     )
     args = parser.parse_args(argv)
     if args.rounds < 1:

@@ -96,14 +96,14 @@ def keep_freed_memory():
 
     Starting the process with glibc's malloc on transparent huge pages
     (`restart_with_huge_pages`) cuts the faults another way, on every
-    backend and without the small steps' slowdown; the recipes use it
-    instead where it is available. Both together measured 1.02-1.07x
-    over huge pages alone for pico / tiny Jumbo, but not for Non-Deep
-    ViT: its training steps kept faulting ~1.7 GB a step in most
-    processes (not in all: likely threads attached to malloc arenas of
-    their own, which the settings do not govern), with up to 1.9 GB more
-    peak memory and 0.58-0.77x the images/s (benchmarks/README.md,
-    thirty-seventh session).
+    backend and without the small steps' slowdown. The image recipes on
+    JAX use both: on top of huge pages this measured 1.12-1.23x for the
+    official pico Jumbo's training step and 1.02-1.07x in other runs; but
+    Non-Deep ViT's steps kept faulting ~1.7 GB a step in most processes
+    (not in all: likely threads attached to malloc arenas of their own,
+    which the settings do not govern), with up to 1.9 GB more peak memory
+    and 0.58-0.77x the images/s, so its recipe's branchy stages leave it
+    out on huge pages (benchmarks/README.md, thirty-seventh session).
 
     Call it before the first JAX computation (after `import keras` is
     fine): JAX reads the dispatch setting when it creates its CPU client,

@@ -100,6 +100,8 @@ class ImageRecipe:
     recipe's hooks. `smoke` overrides fields for `--smoke`.
     `torch_compile=False` keeps `--jit-compile auto` eager on PyTorch
     whatever the run's length (`resolve_jit_compile`).
+    `keep_freed_memory=False`: in a process on huge pages, `--allocator
+    auto` does not also keep freed memory on JAX (`apply_allocator`).
     """
 
     name: str
@@ -124,6 +126,7 @@ class ImageRecipe:
     evaluate: Callable | None = None
     wrap_model: Callable | None = None
     torch_compile: bool = True
+    keep_freed_memory: bool = True
     state: dict = dataclasses.field(default_factory=dict)
     smoke: dict = dataclasses.field(default_factory=dict)
 
@@ -180,11 +183,11 @@ def parser(recipe, description):
         "with glibc's malloc on transparent huge pages "
         "(keras_jumbo.runtime.restart_with_huge_pages; every backend, where "
         "Linux's mode is 'madvise'; JAX training steps ~1.2x faster on 2 "
-        "CPU cores). Where that is not possible (run in-process, another "
-        "mode, an older glibc), on JAX it keeps the memory a training step "
-        "frees in the process instead (keras_jumbo.runtime."
-        "keep_freed_memory; JAX then runs its computations on the calling "
-        "thread). default: glibc's defaults and JAX's asynchronous dispatch",
+        "CPU cores); on JAX it also keeps the memory a training step frees "
+        "in the process (keras_jumbo.runtime.keep_freed_memory; JAX then "
+        "runs its computations on the calling thread), except the Non-Deep "
+        "ViT recipe on huge pages. default: glibc's defaults and JAX's "
+        "asynchronous dispatch",
     )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--verbose", type=int, default=2)
@@ -234,16 +237,19 @@ def allocator_label(kept):
     return "+".join(labels) or "default"
 
 
-def apply_allocator(flag):
+def apply_allocator(flag, with_huge_pages=True):
     """`--allocator`: True when `keras_jumbo.runtime.keep_freed_memory`
-    was applied: flag "auto", on JAX, with glibc, in a process not started
-    with glibc's malloc on transparent huge pages. With huge pages it is
-    left out: on top of them it measured 1.02-1.07x for pico / tiny Jumbo,
-    but Non-Deep ViT's training steps (6x2 at 224 px, 4x3 at 128 px) kept
-    page-faulting ~1.7 GB a step, with up to 1.9 GB more peak memory and
-    0.58-0.77x the images/s in most runs (benchmarks/README.md, thirty-
-    seventh session). It must run before the run's first JAX computation,
-    so `run` calls it first."""
+    was applied: flag "auto", on JAX, with glibc; in a process started
+    with glibc's malloc on transparent huge pages only if
+    `with_huge_pages`. On top of huge pages it measured 1.12-1.23x for the
+    official pico Jumbo's training step (`vs_official.py`, `jax_kept`
+    against `jax`) and 1.02-1.07x for pico / tiny Jumbo in other runs, but
+    Non-Deep ViT's steps (6x2 at 224 px, 4x3 at 128 px) kept
+    page-faulting ~1.7 GB a step in most processes, with up to 1.9 GB
+    more peak memory and 0.58-0.77x the images/s (benchmarks/README.md,
+    thirty-seventh session): its recipe passes `with_huge_pages=False`
+    (`ImageRecipe.keep_freed_memory`). It must run before the run's first
+    JAX computation, so `run` calls it first."""
     if flag not in ("auto", "default"):
         raise ValueError(
             "`allocator` must be 'auto' or 'default'. "
@@ -251,7 +257,7 @@ def apply_allocator(flag):
         )
     if flag == "default" or keras.backend.backend() != "jax":
         return False
-    if kj_runtime.huge_pages_active():
+    if not with_huge_pages and kj_runtime.huge_pages_active():
         return False
     return kj_runtime.keep_freed_memory()
 
@@ -523,7 +529,7 @@ def run(recipe, argv=None, description=None, extra_callbacks=()):
     args = parser(recipe, description or recipe.name).parse_args(argv)
     if kj_runtime.huge_pages_active():
         print("allocator: glibc's malloc on transparent huge pages")
-    if apply_allocator(args.allocator):
+    if apply_allocator(args.allocator, recipe.keep_freed_memory):
         print("allocator: freed memory kept in the process (--allocator auto)")
     if args.smoke:
         recipe = recipe.for_smoke()
