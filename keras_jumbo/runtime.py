@@ -97,7 +97,7 @@ def keep_freed_memory():
     Starting the process with glibc's malloc on transparent huge pages
     (`restart_with_huge_pages`) cuts the faults another way, on every
     backend and without the small steps' slowdown. The image recipes on
-    JAX use both: on top of huge pages this measured 1.12-1.23x for the
+    JAX use both: on top of huge pages this measured 1.11-1.23x for the
     official pico Jumbo's training step and 1.02-1.07x in other runs; but
     Non-Deep ViT's steps kept faulting ~1.7 GB a step in most processes
     (not in all: likely threads attached to malloc arenas of their own,

@@ -186,8 +186,8 @@ def parser(recipe, description):
         "CPU cores); on JAX it also keeps the memory a training step frees "
         "in the process (keras_jumbo.runtime.keep_freed_memory; JAX then "
         "runs its computations on the calling thread), except the Non-Deep "
-        "ViT recipe on huge pages. default: glibc's defaults and JAX's "
-        "asynchronous dispatch",
+        "ViT recipe's branchy stages on huge pages. default: glibc's "
+        "defaults and JAX's asynchronous dispatch",
     )
     p.add_argument("--tensorboard", action="store_true")
     p.add_argument("--verbose", type=int, default=2)
@@ -241,7 +241,7 @@ def apply_allocator(flag, with_huge_pages=True):
     """`--allocator`: True when `keras_jumbo.runtime.keep_freed_memory`
     was applied: flag "auto", on JAX, with glibc; in a process started
     with glibc's malloc on transparent huge pages only if
-    `with_huge_pages`. On top of huge pages it measured 1.12-1.23x for the
+    `with_huge_pages`. On top of huge pages it measured 1.11-1.23x for the
     official pico Jumbo's training step (`vs_official.py`, `jax_kept`
     against `jax`) and 1.02-1.07x for pico / tiny Jumbo in other runs, but
     Non-Deep ViT's steps (6x2 at 224 px, 4x3 at 128 px) kept
