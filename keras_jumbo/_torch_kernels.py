@@ -15,7 +15,9 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   matmul instead (`onednn_preferred`): MKL, `F.linear`'s BLAS, runs its
   AVX2 kernels there (eager pico predict on 2 Zen 5 cores: 471 -> 756
   img/s). On an Intel CPU, only where no gradient is needed (eager pico
-  predict on 2 Xeon cores 1.05x).
+  predict on 2 Xeon cores 1.05x). Where no gradient is needed, oneDNN
+  runs on the kernel packed once into its blocked layout
+  (`_packed_weight`), not reordered at every call.
 - `reshape`: `ops.reshape` flattens its `newshape` tuple with torch's
   pytree (to look for symbolic tensors): ~22 us a call against ~1.5 us
   for the reshape itself.
@@ -94,12 +96,12 @@ def linear(x, kernel, bias=None):
         from torch.nn import functional
 
         tensors = (x, kernel) if bias is None else (x, kernel, bias)
-        onednn = _onednn_linear_applies(x, kernel, tensors)
+        weight = _onednn_weight(x, kernel, tensors)
         summed = _summed_uses(kernel, bias)
         if summed is not None:
-            return _summed_linear(x, *summed, onednn)
-        if onednn:
-            return _onednn_linear(x, kernel, bias, tensors)
+            return _summed_linear(x, *summed, weight is not None)
+        if weight is not None:
+            return _onednn_linear(x, kernel, bias, tensors, weight)
         return functional.linear(x, kernel.T, bias)
     rank, inner = len(x.shape), tuple(x.shape[1:-1])
     if (
@@ -125,14 +127,14 @@ def linear(x, kernel, bias=None):
 # dense layers").
 ONEDNN_MIN_MACS = 2**22
 # The same on an Intel CPU (inference only), where MKL runs its AVX-512
-# kernels, with a floor on the rows. On 2 Xeon cores oneDNN's speed against
-# MKL's: 0.5-0.9x at 0.5-10M multiply-adds, 0.96x at 21M, 1.05-1.13x at 41M,
+# kernels. On 2 Xeon cores oneDNN's speed against MKL's, on a plain weight:
+# 0.5-0.9x at 0.5-10M multiply-adds, 0.96x at 21M, 1.05-1.13x at 41M,
 # 1.03-1.21x from 62M, but 0.65-0.68x for few rows into many outputs (32 x
 # 1152 x 4608, 80 x 768 x 3072: a Jumbo FFN's and a ViT-Res stage's first
-# layer), which made Jumbo tiny's predict 0.93x (benchmarks/README.md,
-# thirty-seventh session).
+# layer), whose time went into reordering the weight at every call; on the
+# weight packed once (`_packed_weight`), 1.12-1.39x there (benchmarks/
+# README.md, thirty-seventh and thirty-eighth sessions).
 ONEDNN_MIN_MACS_INTEL = 2**25
-ONEDNN_MIN_ROWS_INTEL = 256
 _ONEDNN = {}
 
 
@@ -180,38 +182,139 @@ def _has_onednn_linear():
         return False
 
 
-def _onednn_linear_applies(x, kernel, tensors):
-    """oneDNN for this `linear` call (`tensors`: its non-None arguments):
-    float32 CPU tensors, not under `torch.compile` (Inductor picks its own
-    kernels), a product of at least `ONEDNN_MIN_MACS`
-    (`ONEDNN_MIN_MACS_INTEL` multiply-adds and `ONEDNN_MIN_ROWS_INTEL`
-    rows on an Intel CPU), and `onednn_preferred()` for a call whose
-    gradient is needed or not."""
+def _onednn_weight(x, kernel, tensors):
+    """The weight (out x in) to run this `linear` call on oneDNN with, or
+    None for `F.linear` (`tensors`: its non-None arguments): float32 CPU
+    tensors, not under `torch.compile` (Inductor picks its own kernels), a
+    product of at least `ONEDNN_MIN_MACS` multiply-adds
+    (`ONEDNN_MIN_MACS_INTEL` on an Intel CPU) and `onednn_preferred()` for
+    a call whose gradient is needed or not. For a call without gradient,
+    the kernel in oneDNN's packed layout once `_packed_weight` holds it;
+    otherwise `kernel.T`. Which kernel runs depends on the shapes and the
+    CPU only, never on earlier calls: the packed and the plain weight give
+    the same values bit for bit."""
     import torch
 
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        return False
+        return None
     if x.ndim < 2 or torch.compiler.is_compiling():
-        return False
+        return None
     rows = x.numel() // max(kernel.shape[0], 1)
-    min_macs, min_rows = _onednn_minimum()
-    return (
-        rows * kernel.shape[0] * kernel.shape[1] >= min_macs
-        and rows >= min_rows
-        and onednn_preferred(_needs_grad(tensors))
-    )
+    training = _needs_grad(tensors)
+    if rows * kernel.shape[0] * kernel.shape[1] < _onednn_minimum():
+        return None
+    if not onednn_preferred(training):
+        return None
+    packed = None if training else _packed_weight(kernel)
+    return kernel.T if packed is None else packed
+
+
+# Whether `linear` keeps oneDNN's packed layout of the kernels of its
+# inference calls (`_packed_weight`), and how many bytes of such copies it
+# holds at most (over all live kernels): the registry's Jumbo tiny packs
+# 505 of its 511 MiB of weights, Jumbo base 2250 of 2263 MiB. Past the
+# budget, kernels run on the plain weight (the same values).
+PACKED_WEIGHTS = True
+PACKED_WEIGHTS_MAX_BYTES = 2**30
+# {id(kernel): _Packing} for `_packed_weight`.
+_PACKED = {}
+
+
+class _Packing:
+    """A kernel's entry in `_PACKED`: a weak reference to it, the stamp of
+    the values last seen (`_stamp`) and oneDNN's packed layout of them
+    (None until a second call sees the same values; False where it would
+    exceed `PACKED_WEIGHTS_MAX_BYTES`)."""
+
+    __slots__ = ("ref", "stamp", "packed")
+
+
+def _stamp(kernel):
+    """What identifies a kernel's values between calls: autograd's version
+    counter (in-place writes through PyTorch's ops move it: Keras'
+    `assign`, `load_weights`, Keras' optimizers and the library's `AdamW`,
+    which moves it after torch's fused kernel, whose writes do not), its
+    storage, shape and strides; None for a tensor without a version
+    counter (made under `torch.inference_mode()`). A write the counter does
+    not see (through `tensor.data`, or a fused optimizer kernel outside
+    the library) is not seen here either: set `PACKED_WEIGHTS = False`
+    for such code."""
+    try:
+        version = kernel._version
+    except RuntimeError:
+        return None
+    return (version, kernel.data_ptr(), tuple(kernel.shape), kernel.stride())
+
+
+def _packed_weight(kernel):
+    """oneDNN's packed layout of `kernel.T` for inference calls of
+    `linear`, or None.
+
+    oneDNN's matmul on a plain weight first reorders it into its blocked
+    layout, at every call: for few rows into many outputs that reorder
+    costs more than the product takes (a Jumbo FFN's 64 x 576 x 2304 ran
+    0.65-0.68x MKL's speed on the plain weight, 1.12-1.39x packed; 2 Xeon
+    cores; the values are the same bit for bit). The layout is made (one
+    reorder, made without a row count: the same layout for every call)
+    on the second call that sees the same values of the kernel (the same
+    `_stamp`): a kernel written between every two calls (a training step,
+    an `assign`) is not packed for one use (packing alone costs several
+    plain calls), and any write is seen at the next call, which takes the
+    plain weight again. The layout is a second copy of the kernel, held
+    while the kernel lives (the entry holds a weak reference to it), as
+    long as all such copies stay within `PACKED_WEIGHTS_MAX_BYTES`. With
+    `PACKED_WEIGHTS` off, nothing is packed."""
+    import weakref
+
+    if not PACKED_WEIGHTS:
+        return None
+    stamp = _stamp(kernel)
+    key = id(kernel)
+    entry = _PACKED.get(key)
+    if stamp is None or entry is None or entry.ref() is not kernel:
+        if stamp is None:
+            return None
+        entry = _Packing()
+
+        def forget(_, key=key, entry=entry):
+            if _PACKED.get(key) is entry:
+                del _PACKED[key]
+
+        entry.ref = weakref.ref(kernel, forget)
+        entry.stamp, entry.packed = stamp, None
+        _PACKED[key] = entry
+        return None
+    if entry.stamp != stamp:
+        entry.stamp, entry.packed = stamp, None
+        return None
+    if entry.packed is None:
+        import torch
+
+        size = kernel.numel() * kernel.element_size()
+        if _packed_bytes() + size > PACKED_WEIGHTS_MAX_BYTES:
+            entry.packed = False
+        else:
+            entry.packed = torch.ops.mkldnn._reorder_linear_weight(kernel.T)
+    return None if entry.packed is False else entry.packed
+
+
+def _packed_bytes():
+    """The bytes of the kernels `_PACKED` holds packed copies of."""
+    total = 0
+    for entry in list(_PACKED.values()):
+        kernel = entry.ref()
+        if kernel is None or entry.packed is None or entry.packed is False:
+            continue
+        total += kernel.numel() * kernel.element_size()
+    return total
 
 
 def _onednn_minimum():
-    """`(multiply-adds, rows)`: the smallest product oneDNN is used for on
-    this CPU; decided once per process."""
+    """The smallest product (multiply-adds) oneDNN is used for on this
+    CPU; decided once per process."""
     if "minimum" not in _ONEDNN:
         intel = _cpu_vendor() == "GenuineIntel"
-        _ONEDNN["minimum"] = (
-            (ONEDNN_MIN_MACS_INTEL, ONEDNN_MIN_ROWS_INTEL)
-            if intel
-            else (ONEDNN_MIN_MACS, 0)
-        )
+        _ONEDNN["minimum"] = ONEDNN_MIN_MACS_INTEL if intel else ONEDNN_MIN_MACS
     return _ONEDNN["minimum"]
 
 
@@ -230,13 +333,14 @@ def _onednn_matmul(a, weight, bias=None):
     return torch.ops.mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
 
 
-def _onednn_linear(x, kernel, bias, tensors):
-    """`x @ kernel + bias` on oneDNN's matmul; where a gradient is needed,
+def _onednn_linear(x, kernel, bias, tensors, weight):
+    """`x @ kernel + bias` on oneDNN's matmul, with `weight` (`kernel.T`
+    or its packed layout) where no gradient is needed; where one is,
     through `_onednn_linear_function()`, whose backward runs its two
     products on oneDNN too."""
     if _needs_grad(tensors):
         return _onednn_linear_function().apply(x, kernel, bias)
-    return _onednn_matmul(x, kernel.T, bias)
+    return _onednn_matmul(x, weight, bias)
 
 
 def _onednn_linear_function():

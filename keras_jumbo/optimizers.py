@@ -120,3 +120,10 @@ class AdamW(keras.optimizers.AdamW):
                     eps=epsilon,
                     maximize=False,
                 )
+                # The fused kernel writes the parameters without moving
+                # their version counters (autograd's record of in-place
+                # writes, which every Keras `assign` and `torch._foreach_*`
+                # update moves): move them, so that what reads them
+                # (`_torch_kernels`' packed inference weights) sees the
+                # new values.
+                torch.autograd.graph.increment_version(params)

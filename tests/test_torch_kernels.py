@@ -9,6 +9,7 @@ import pytest
 from keras import ops
 
 from keras_jumbo import _torch_kernels
+from keras_jumbo import optimizers
 from keras_jumbo.testing import assert_allclose
 
 ON_TORCH = keras.backend.backend() == "torch"
@@ -345,10 +346,11 @@ def _onednn_spy(monkeypatch, preferred=True, min_macs=None):
     """Force `onednn_preferred()` (and optionally the size threshold) and
     record the oneDNN calls `linear` makes (PyTorch only)."""
     calls = []
+    monkeypatch.setattr(_torch_kernels, "_PACKED", {})
     monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", preferred)
     monkeypatch.setitem(_torch_kernels._ONEDNN, "inference", preferred)
     if min_macs is not None:
-        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (min_macs, 0))
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", min_macs)
     if ON_TORCH:
         import torch
 
@@ -488,13 +490,13 @@ def test_linear_keeps_f_linear_below_the_threshold(rng, monkeypatch):
         out.backward(torch.tensor(g_np))
         assert_allclose(out.detach(), x_np @ k_np, atol=1e-5)
         assert_allclose(kernel.grad, x_np.T @ g_np, atol=1e-5)
-        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (0, 0))
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", 0)
         monkeypatch.setitem(_torch_kernels._ONEDNN, "inference", False)
         with torch.no_grad():
             out = _torch_kernels.linear(torch.tensor(x_np), kernel)
         assert_allclose(out, x_np @ k_np, atol=1e-5)
     else:
-        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (0, 0))
+        monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", 0)
         out = _torch_kernels.linear(ops.convert_to_tensor(x_np), k_np)
         assert_allclose(out, x_np @ k_np, atol=1e-5)
     assert calls == []
@@ -525,12 +527,9 @@ def test_onednn_preferred_by_cpu_vendor(
     assert _torch_kernels.onednn_preferred(training=False) is inference
     minimum = _torch_kernels._onednn_minimum()
     assert minimum == (
-        (
-            _torch_kernels.ONEDNN_MIN_MACS_INTEL,
-            _torch_kernels.ONEDNN_MIN_ROWS_INTEL,
-        )
+        _torch_kernels.ONEDNN_MIN_MACS_INTEL
         if vendor == "GenuineIntel"
-        else (_torch_kernels.ONEDNN_MIN_MACS, 0)
+        else _torch_kernels.ONEDNN_MIN_MACS
     )
     assert _torch_kernels._ONEDNN == {
         "preferred": training,
@@ -564,27 +563,188 @@ def test_onednn_on_intel_for_inference_only(rng, monkeypatch):
     assert_allclose(out, expected, atol=1e-5)
 
 
-def test_onednn_row_floor(rng, monkeypatch):
-    """The Intel setting's floor on the rows (few rows into many outputs
-    ran slower on oneDNN): rows below it run `F.linear`, rows at it
-    oneDNN's matmul, counted over every axis but the last."""
-    calls = _onednn_spy(monkeypatch)
-    monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", (0, 6))
-    kernel = _tensor(rng, (4, 3))
-    for shape in [(5, 4), (2, 3, 4), (6, 4)]:
-        x = _tensor(rng, shape)
-        expected = np.matmul(
-            ops.convert_to_numpy(x), ops.convert_to_numpy(kernel)
-        )
-        if ON_TORCH:
-            import torch
+def _packing_spy(monkeypatch):
+    """Force oneDNN for every inference call (the Intel setting) and
+    record each oneDNN call as `(input shape, packed
+    weight?)` (PyTorch only)."""
+    calls = []
+    monkeypatch.setattr(_torch_kernels, "_PACKED", {})
+    monkeypatch.setattr(_torch_kernels, "PACKED_WEIGHTS", True)
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", False)
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "inference", True)
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "minimum", 0)
+    if ON_TORCH:
+        import torch
 
-            with torch.no_grad():
-                out = _torch_kernels.linear(x, kernel)
-        else:
-            out = _torch_kernels.linear(x, kernel)
-        assert_allclose(out, expected, atol=1e-5)
-    assert calls == ([(2, 3, 4), (6, 4)] if ON_TORCH else [])
+        original = torch.ops.mkldnn._linear_pointwise
+
+        def spy(*args):
+            calls.append((tuple(args[0].shape), args[1].is_mkldnn))
+            return original(*args)
+
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    return calls
+
+
+def test_inference_packs_the_kernel_once_its_values_repeat(rng, monkeypatch):
+    """Inference calls run on oneDNN's packed layout of the kernel from
+    the second call that sees the same values, whatever the rows; an
+    `assign` between calls is seen at the next one (the plain weight, the
+    new values), which packs again only when they repeat; a call with
+    gradient never uses the packed layout. Values equal the formula's at
+    every call, and the packed weight's equal the plain one's bit for
+    bit."""
+    calls = _packing_spy(monkeypatch)
+    x_np, k_np, b_np, _ = _linear_case(rng)
+    kernel = keras.Variable(k_np)
+    bias = keras.Variable(b_np)
+    if not ON_TORCH:
+        out = _torch_kernels.linear(ops.convert_to_tensor(x_np), kernel, bias)
+        assert_allclose(out, x_np @ k_np + b_np, atol=1e-5)
+        assert calls == []
+        return
+    import torch
+
+    def call(x_np, k_np):
+        with torch.no_grad():
+            out = _torch_kernels.linear(
+                torch.tensor(x_np), kernel.value, bias.value
+            )
+        assert_allclose(out, x_np @ k_np + b_np, atol=1e-5, rtol=1e-5)
+        return ops.convert_to_numpy(out)
+
+    outputs = [call(x_np[:1], k_np) for _ in range(3)]
+    call(x_np, k_np)
+    assert calls == [((1, 5, 8), False)] + [((1, 5, 8), True)] * 2 + [
+        ((2, 5, 8), True)
+    ]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    new_k = rng.normal(size=(8, 6)).astype("float32")
+    kernel.assign(new_k)
+    del calls[:]
+    call(x_np, new_k)
+    call(x_np, new_k)
+    assert calls == [((2, 5, 8), False), ((2, 5, 8), True)]
+    del calls[:]
+    x = torch.tensor(x_np, requires_grad=True)
+    out = _torch_kernels.linear(x, kernel.value, bias.value)
+    assert_allclose(out.detach(), x_np @ new_k + b_np, atol=1e-5, rtol=1e-5)
+    assert calls == []  # Intel setting: F.linear where a gradient is needed
+    monkeypatch.setitem(_torch_kernels._ONEDNN, "preferred", True)
+    _torch_kernels.linear(x, kernel.value, bias.value).sum().backward()
+    assert calls[0] == ((2, 5, 8), False)
+    assert_allclose(x.grad, np.tile(new_k.sum(1), (2, 5, 1)), atol=1e-5)
+
+
+def test_packed_weights_follow_the_kernel(rng, monkeypatch):
+    """A packed layout lives as long as its kernel; with `PACKED_WEIGHTS`
+    off nothing is packed; a kernel made under `torch.inference_mode()`
+    (no version counter to notice writes by) is never packed. Values
+    equal the formula's throughout."""
+    calls = _packing_spy(monkeypatch)
+    x_np, k_np, b_np, expected = _linear_case(rng)
+    if _formula_off_torch(calls, x_np, k_np, b_np, expected):
+        return
+    import gc
+
+    import torch
+
+    def calls_on(kernel):
+        with torch.no_grad():
+            for _ in range(3):
+                out = _torch_kernels.linear(
+                    torch.tensor(x_np), kernel, torch.tensor(b_np)
+                )
+                assert_allclose(out, expected, atol=1e-5, rtol=1e-5)
+        packed = [p for _, p in calls]
+        del calls[:]
+        return packed
+
+    kernel = torch.tensor(k_np)
+    assert calls_on(kernel) == [False, True, True]
+    assert list(_torch_kernels._PACKED) == [id(kernel)]
+    del kernel
+    gc.collect()
+    assert _torch_kernels._PACKED == {}
+    monkeypatch.setattr(_torch_kernels, "PACKED_WEIGHTS", False)
+    assert calls_on(torch.tensor(k_np)) == [False] * 3
+    monkeypatch.setattr(_torch_kernels, "PACKED_WEIGHTS", True)
+    with torch.inference_mode():
+        kernel = torch.tensor(k_np)
+    assert calls_on(kernel) == [False] * 3
+    assert _torch_kernels._PACKED == {}
+
+
+class _CastLinear(_Linear):
+    """`_Linear` on its variables' values, as the library's layers call
+    `linear` (`layers._utils.dense`: `ops.cast` of the kernel)."""
+
+    def call(self, x):
+        return _torch_kernels.linear(
+            x, ops.cast(self.kernel, x.dtype), ops.cast(self.bias, x.dtype)
+        )
+
+
+def test_packed_weights_stay_within_their_budget(rng, monkeypatch):
+    """Kernels are packed while all packed copies fit in
+    `PACKED_WEIGHTS_MAX_BYTES`; the one that would exceed it runs on its
+    plain weight (the same values), and is packed once a packed kernel's
+    death makes room and its values change."""
+    calls = _packing_spy(monkeypatch)
+    x_np, k_np, b_np, expected = _linear_case(rng)
+    if _formula_off_torch(calls, x_np, k_np, b_np, expected):
+        return
+    import gc
+
+    import torch
+
+    size = k_np.size * 4
+    monkeypatch.setattr(_torch_kernels, "PACKED_WEIGHTS_MAX_BYTES", 2 * size)
+    kernels = [torch.tensor(k_np) for _ in range(3)]
+
+    def packed_calls(kernel):
+        del calls[:]
+        with torch.no_grad():
+            for _ in range(2):
+                out = _torch_kernels.linear(torch.tensor(x_np), kernel)
+                assert_allclose(out, x_np @ k_np, atol=1e-5, rtol=1e-5)
+        return [packed for _, packed in calls]
+
+    assert [packed_calls(k) for k in kernels] == [[False, True]] * 2 + [
+        [False, False]
+    ]
+    assert _torch_kernels._packed_bytes() == 2 * size
+    del kernels[0]
+    gc.collect()
+    assert _torch_kernels._packed_bytes() == size
+    assert packed_calls(kernels[1]) == [False, False]  # no retry as is
+    kernels[1].mul_(1.0)  # a write: its next values may be packed
+    assert packed_calls(kernels[1]) == [False, True]
+
+
+def test_packed_weights_see_every_training_step(rng, monkeypatch):
+    """Packed inference weights between training steps of the library's
+    AdamW (on PyTorch its fused kernel, whose writes torch's version
+    counter would not see) and Keras' SGD: each prediction equals the
+    formula on the weights of that moment."""
+    calls = _packing_spy(monkeypatch)
+    x = rng.normal(size=(4, 3, 8)).astype("float32")
+    y = rng.normal(size=(4, 3, 6)).astype("float32")
+    for optimizer in (optimizers.AdamW(0.1), keras.optimizers.SGD(0.1)):
+        layer = _CastLinear()
+        inputs = keras.Input((3, 8))
+        model = keras.Model(inputs, layer(inputs))
+        model.compile(optimizer=optimizer, loss="mse")
+        for _ in range(3):
+            for _ in range(2):
+                kernel, bias = layer.get_weights()
+                assert_allclose(
+                    model.predict_on_batch(x), x @ kernel + bias, 1e-5, 1e-5
+                )
+            model.train_on_batch(x, y)
+    assert [packed for _, packed in calls] == (
+        [False, True] * 6 if ON_TORCH else []
+    )
 
 
 # --- summed_gradients: a shared kernel's gradient in one product ----------
