@@ -60,6 +60,7 @@ docstring).
 """
 
 import contextvars
+import weakref
 
 import keras
 from keras import ops
@@ -228,6 +229,16 @@ class _Packing:
 
     __slots__ = ("ref", "stamp", "packed")
 
+    def __init__(self, kernel, stamp):
+        key = id(kernel)
+
+        def forget(_):
+            if _PACKED.get(key) is self:
+                del _PACKED[key]
+
+        self.ref = weakref.ref(kernel, forget)
+        self.stamp, self.packed = stamp, None
+
 
 def _stamp(kernel):
     """What identifies a kernel's values between calls: autograd's version
@@ -264,25 +275,14 @@ def _packed_weight(kernel):
     while the kernel lives (the entry holds a weak reference to it), as
     long as all such copies stay within `PACKED_WEIGHTS_MAX_BYTES`. With
     `PACKED_WEIGHTS` off, nothing is packed."""
-    import weakref
-
     if not PACKED_WEIGHTS:
         return None
     stamp = _stamp(kernel)
-    key = id(kernel)
-    entry = _PACKED.get(key)
-    if stamp is None or entry is None or entry.ref() is not kernel:
-        if stamp is None:
-            return None
-        entry = _Packing()
-
-        def forget(_, key=key, entry=entry):
-            if _PACKED.get(key) is entry:
-                del _PACKED[key]
-
-        entry.ref = weakref.ref(kernel, forget)
-        entry.stamp, entry.packed = stamp, None
-        _PACKED[key] = entry
+    if stamp is None:
+        return None
+    entry = _PACKED.get(id(kernel))
+    if entry is None or entry.ref() is not kernel:
+        _PACKED[id(kernel)] = _Packing(kernel, stamp)
         return None
     if entry.stamp != stamp:
         entry.stamp, entry.packed = stamp, None
