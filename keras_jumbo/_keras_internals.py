@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these nine things:
+Keras 3.15 has no public way to do these eleven things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -17,6 +17,14 @@ Keras 3.15 has no public way to do these nine things:
   below reads `Layer._remat_mode` and `torch.nn.Module`'s hook dicts to
   know, and `Layer._call_has_context_arg` to drop a `training` argument
   the layer's `call` does not take, as `__call__` does);
+- on eager PyTorch, run a functional model's graph with each layer called
+  through `call_sublayer` (`CallsLayersDirectly` below: ~1 ms of a pico
+  ViT's forward pass): `Functional._standardize_inputs`,
+  `Functional._run_through_graph` and `Operation._call_context_args`;
+- on eager PyTorch, read a plain float `Dense` layer's kernel without the
+  ~4 us of the `Dense.kernel` property (which imports and checks the
+  quantisation modes at every read): `dense_weights` below reads
+  `Dense._kernel`, which that property returns for such a layer;
 - update all of an optimizer's variables in one step (one fused kernel):
   Keras' only public hook is the per-variable `update_step`, so
   `keras_jumbo.optimizers.AdamW` overrides the whole-step hooks
@@ -112,6 +120,14 @@ def call_sublayer(layer, inputs, *args, **kwargs):
     return layer(inputs, *args, **kwargs)
 
 
+def dense_weights(layer):
+    """`(layer.kernel, layer.bias)` (variables) of a built
+    `keras.layers.Dense` that is neither quantised nor LoRA-enabled (the
+    caller checks): for such a layer the `kernel` property returns the
+    `_kernel` variable itself, which this reads directly."""
+    return layer._kernel, layer.bias
+
+
 def adam_slots(optimizer, variable):
     """The Adam slot variables of `variable`: `(momentum, velocity,
     velocity_hat)`, the last `None` unless `amsgrad`."""
@@ -192,6 +208,63 @@ class ReleasesAddedLosses:
         result = super().train_step(*args, **kwargs)
         release_added_losses(self)
         return result
+
+
+class CallsLayersDirectly:
+    """Mixin for a functional `keras.Model` subclass (list it before
+    `keras.Model`): on eager PyTorch, its `call` runs the graph as
+    Keras' `Functional.call` does, but calls each layer through
+    `call_sublayer`, i.e. its `call` directly wherever `Layer.__call__`
+    would only call it.
+
+    A pico ViT has nine layers around its encoder, and their `__call__`
+    (with the graph's bookkeeping) took ~1.1 ms of a 16 ms forward pass
+    at batch 1 (2-core Xeon, benchmarks/README.md, thirty-ninth session).
+    The same outputs (tested). It applies to a call on PyTorch tensors
+    without a mask or extra arguments, not under `torch.compile`; every
+    other call (JAX, TensorFlow, symbolic tensors, a layer whose call
+    Keras must wrap) goes through Keras' own.
+    """
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        if mask is not None or kwargs or not _eager_torch(inputs):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+        outputs = self._run_through_graph(
+            self._standardize_inputs(inputs),
+            operation_fn=lambda layer: functools.partial(
+                _call_node, layer, training
+            ),
+        )
+        if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
+            return outputs[0]
+        return outputs
+
+
+def _eager_torch(inputs):
+    """Whether `inputs` (a tensor or a structure of them) are PyTorch
+    tensors and the call is not being compiled by `torch.compile`."""
+    if keras.backend.backend() != "torch":
+        return False
+    import torch
+
+    if torch.compiler.is_compiling():
+        return False
+    return all(isinstance(x, torch.Tensor) for x in keras.tree.flatten(inputs))
+
+
+def _call_node(layer, model_training, *args, **kwargs):
+    """One node of `CallsLayersDirectly`'s graph: `layer(*args,
+    **kwargs)` with the model's `training` where the layer takes it (as
+    Keras' functional call passes it, over a `training` the node was
+    built with), through `call_sublayer` for a layer of one positional
+    input."""
+    if model_training is not None and "training" in getattr(
+        layer, "_call_context_args", {}
+    ):
+        kwargs["training"] = model_training
+    if len(args) == 1:
+        return call_sublayer(layer, *args, **kwargs)
+    return layer(*args, **kwargs)
 
 
 class BuildsStateBeforeTracing:

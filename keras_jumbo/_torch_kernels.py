@@ -29,6 +29,11 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   views itself, with no copy. Eagerly on a CPU with fewer than
   `SHORT_ATTENTION_LENGTH` (192) queries, two matmuls and a softmax on
   those views replace the fused kernel, which is slower there.
+- `value_as`, `concatenate`, `exact_gelu`: a weight in its input's
+  dtype, `torch.cat` and `F.gelu` without Keras' per-op dispatch (~6-8 us
+  a call each, ~30 such calls per ViT block; a pico ViT's eager forward
+  pass at batch 1 went 18 -> 14 ms with these and the direct layer calls
+  of `_keras_internals`, benchmarks/README.md, thirty-ninth session).
 - `unstack`: `torch.unbind`, whose gradient is one `stack`; indexing
   each slice costs a zero fill, a copy and an add of the whole tensor per
   slice in the backward.
@@ -66,14 +71,54 @@ import keras
 from keras import ops
 
 
-def _torch_tensors(*tensors):
+def torch_tensors(*tensors):
     """Whether the backend is PyTorch and every non-None argument is a
     `torch.Tensor` (not a `keras.KerasTensor` or a numpy array)."""
     if keras.backend.backend() != "torch":
         return False
     import torch
 
-    return all(t is None or isinstance(t, torch.Tensor) for t in tensors)
+    # A loop, not `all(...)` over a generator: this runs several times per
+    # layer call in eager PyTorch.
+    for tensor in tensors:
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            return False
+    return True
+
+
+def value_as(variable, x):
+    """`ops.cast(variable, x.dtype)`: a layer's weight in the dtype of its
+    input `x`. On PyTorch, the variable's `value` itself when it has that
+    dtype already (the usual float32 case): Keras' `ops.cast` of a
+    variable costs ~8 us per call in eager PyTorch (its op dispatch and
+    tree walks), `value` ~2 us, and a ViT block reads ~14 weights per
+    call. The same tensor either way; elsewhere `ops.cast`."""
+    if isinstance(variable, keras.Variable) and torch_tensors(x):
+        value = variable.value
+        if value.dtype == x.dtype:
+            return value
+        return ops.cast(value, x.dtype)
+    return ops.cast(variable, x.dtype)
+
+
+def exact_gelu(x):
+    """`ops.gelu(x, approximate=False)`. On a PyTorch tensor:
+    `F.gelu` itself, the function Keras' op calls there."""
+    if torch_tensors(x):
+        from torch.nn import functional
+
+        return functional.gelu(x)
+    return ops.gelu(x, approximate=False)
+
+
+def concatenate(tensors, axis):
+    """`ops.concatenate(tensors, axis=axis)`. On PyTorch tensors of one
+    dtype: `torch.cat` (without Keras' dtype promotion across the list)."""
+    if torch_tensors(*tensors) and len({t.dtype for t in tensors}) == 1:
+        import torch
+
+        return torch.cat(tensors, dim=axis)
+    return ops.concatenate(tensors, axis=axis)
 
 
 def linear(x, kernel, bias=None):
@@ -93,7 +138,7 @@ def linear(x, kernel, bias=None):
     236 -> 228 ms; inference and TensorFlow without XLA unchanged
     (benchmarks/README.md, "A dense layer's kernel gradient, 2-D").
     """
-    if _torch_tensors(x, kernel, bias) and len(kernel.shape) == 2:
+    if torch_tensors(x, kernel, bias) and len(kernel.shape) == 2:
         from torch.nn import functional
 
         tensors = (x, kernel) if bias is None else (x, kernel, bias)
@@ -196,14 +241,17 @@ def _onednn_weight(x, kernel, tensors):
     the same values bit for bit."""
     import torch
 
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
-        return None
     if x.ndim < 2 or torch.compiler.is_compiling():
         return None
+    # The size before the dtypes: it turns most small products away
+    # (eager PyTorch runs this at every dense layer call).
     rows = x.numel() // max(kernel.shape[0], 1)
-    training = _needs_grad(tensors)
     if rows * kernel.shape[0] * kernel.shape[1] < _onednn_minimum():
         return None
+    for tensor in tensors:
+        if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+            return None
+    training = _needs_grad(tensors)
     if not onednn_preferred(training):
         return None
     packed = None if training else _packed_weight(kernel)
@@ -230,11 +278,14 @@ class _Packing:
     __slots__ = ("ref", "stamp", "packed")
 
     def __init__(self, kernel, stamp):
-        key = id(kernel)
+        # The table itself, not the module global: a kernel that outlives
+        # the module (a script's global, freed at interpreter exit after
+        # the modules' globals are cleared) still finds it.
+        key, table = id(kernel), _PACKED
 
         def forget(_):
-            if _PACKED.get(key) is self:
-                del _PACKED[key]
+            if table.get(key) is self:
+                del table[key]
 
         self.ref = weakref.ref(kernel, forget)
         self.stamp, self.packed = stamp, None
@@ -600,7 +651,7 @@ def reshape(x, shape):
     """`ops.reshape(x, shape)` for a tuple of ints `shape` (one may be
     -1). On a PyTorch tensor: `torch.reshape`, without `ops.reshape`'s
     pytree scan of `shape`."""
-    if _torch_tensors(x):
+    if torch_tensors(x):
         return x.reshape(shape)
     return ops.reshape(x, shape)
 
@@ -613,7 +664,7 @@ def unstack(x, axis):
     slice's gradient into it and add them up (the q/k/v split of eager
     attention: 3 fills, 3 copies and 2 adds of `(batch, length, 3,
     heads, head_dim)` per block)."""
-    if _torch_tensors(x):
+    if torch_tensors(x):
         return x.unbind(axis)
     return ops.unstack(x, axis=axis)
 
@@ -623,8 +674,10 @@ def layer_norm(x, gamma, beta, epsilon):
     last axis. On float32 PyTorch tensors: `F.layer_norm` directly (what
     Keras calls there too, without its dtype bookkeeping); other dtypes go
     through `ops.layer_normalization`, which computes in float32."""
-    if _torch_tensors(x, gamma, beta) and all(
-        t.dtype == x.dtype for t in (gamma, beta)
+    if (
+        torch_tensors(x, gamma, beta)
+        and gamma.dtype == x.dtype
+        and beta.dtype == x.dtype
     ):
         import torch
         from torch.nn import functional
@@ -641,7 +694,7 @@ def batch_norm_applies(x, axis):
     PyTorch tensor of rank 2 or more, normalised over axis 1 or its last
     axis (the layouts `F.batch_norm` reads as `(N, C, ...)` or, reshaped,
     `(N, C)`), with more than one value per channel."""
-    if not _torch_tensors(x):
+    if not torch_tensors(x):
         return False
     import torch
 
@@ -727,7 +780,7 @@ def dot_product_attention(query, key, value, scale):
     `flash_attention=False`: Keras' own flash check builds a CUDA-only
     object, a graph break under `torch.compile`).
     """
-    if _torch_tensors(query, key, value):
+    if torch_tensors(query, key, value):
         import torch
         from torch.nn import functional
 

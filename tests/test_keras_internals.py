@@ -141,6 +141,74 @@ def test_blocks_give_the_same_outputs_either_way(monkeypatch):
         assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_dense_weights_are_the_layers_kernel_and_bias(use_bias):
+    """For a built float `Dense` (no quantisation, no LoRA), the variables
+    its `kernel` / `bias` properties give, and the layer's output is
+    `x @ kernel + bias` with them."""
+    layer = keras.layers.Dense(5, use_bias=use_bias)
+    x = _x((2, 3, 4))
+    layer.build(x.shape)
+    randomize_weights(layer, seed=5)
+    kernel, bias = _keras_internals.dense_weights(layer)
+    assert kernel is layer.kernel
+    assert bias is layer.bias
+    expected = keras.ops.matmul(x, kernel)
+    if use_bias:
+        expected = expected + bias
+    assert_allclose(layer(x), expected, atol=1e-6)
+
+
+def test_models_call_their_layers_directly(monkeypatch):
+    """A model class's call on PyTorch runs the layers of its graph
+    through `call_sublayer` (`CallsLayersDirectly`): the same outputs as
+    Keras' own functional call, at inference and in training (dropout,
+    drop path, token dropping and the head's dropout drawn alike from the
+    same seed: the model's `training` reaches every layer), and with
+    `predict_on_batch`. Elsewhere Keras' own call runs (the same
+    outputs, trivially)."""
+    from keras_jumbo import models
+
+    model = models.JumboViT(
+        **TINY_VIT, jumbo_multiplier=2, dropout_rate=0.2,
+        drop_path_rate=0.3, head_dropout_rate=0.5, token_drop_rate=0.25,
+    )  # fmt: skip
+    randomize_weights(model, seed=6)
+    x = _x((3, 16, 16, 3))
+    direct = []
+    ok = _keras_internals._direct_call_ok
+
+    def counting(layer, inputs):
+        result = ok(layer, inputs)
+        direct.append((layer, result))
+        return result
+
+    def outputs():
+        results = [model(x, training=False), model.predict_on_batch(x)]
+        if ON_TORCH:  # unseeded dropout draws from torch's generator
+            keras.utils.set_random_seed(7)
+            results.append(model(x, training=True))
+        return [keras.ops.convert_to_numpy(r) for r in results]
+
+    # The seed generators' states too: both runs draw the same numbers.
+    start = [keras.ops.convert_to_numpy(v) for v in model.variables]
+    monkeypatch.setattr(_keras_internals, "_direct_call_ok", counting)
+    fast = outputs()
+    for variable, value in zip(model.variables, start, strict=True):
+        variable.assign(value)
+    called = {layer for layer, result in direct if result}
+    assert (model.patch_embedding in called) == ON_TORCH
+    assert (model.classifier in called) == ON_TORCH
+    # Keras' own call: its functional graph run, `Layer.__call__` for each.
+    monkeypatch.setattr(_keras_internals, "_eager_torch", lambda x: False)
+    monkeypatch.setattr(_keras_internals, "_direct_call_ok", lambda *a: False)
+    slow = outputs()
+    if ON_TORCH:  # training differs from inference: the dropouts ran
+        assert not np.allclose(fast[2], fast[0], atol=1e-3)
+    for a, b in zip(fast, slow, strict=True):
+        assert_allclose(a, b, atol=1e-6)
+
+
 def test_model_quantize_collects_garbage_once(monkeypatch):
     """`model.quantize` on a model class runs one `gc.collect()` (Keras
     runs one per quantised layer, 0.15-1 s each) and quantises exactly as

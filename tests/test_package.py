@@ -16,9 +16,10 @@ ALLOWED = {"convert", "data"}  # export and data loading may need a backend
 # - optimizers.py: torch's fused AdamW kernel has no keras.ops equivalent;
 # - _keras_internals.py: skipping `Layer.__call__` on PyTorch must still
 #   honour torch module hooks and tracing, which only torch can report;
-# - _torch_kernels.py: four ops whose PyTorch kernels `keras.ops` does not
-#   reach (fused linear, reshape, LayerNorm and attention on strided views
-#   without Keras' per-op dispatch); the keras.ops formula elsewhere;
+# - _torch_kernels.py: ops whose PyTorch kernels `keras.ops` does not
+#   reach (fused linear, reshape, LayerNorm and attention on strided views,
+#   GELU and concatenation without Keras' per-op dispatch); the keras.ops
+#   formula elsewhere;
 # - runtime.py: JAX's CPU dispatch setting (`keep_freed_memory`), a
 #   process setting with no Keras equivalent.
 ALLOWED_FILES = {

@@ -23,9 +23,9 @@ def _tensor(rng, shape, dtype="float32", scale=1.0):
 
 def test_torch_tensors_only_for_backend_tensors(rng):
     x = _tensor(rng, (2, 3))
-    assert _torch_kernels._torch_tensors(x, None) == ON_TORCH
-    assert not _torch_kernels._torch_tensors(np.ones((2, 3)))
-    assert not _torch_kernels._torch_tensors(x, keras.KerasTensor((2, 3)))
+    assert _torch_kernels.torch_tensors(x, None) == ON_TORCH
+    assert not _torch_kernels.torch_tensors(np.ones((2, 3)))
+    assert not _torch_kernels.torch_tensors(x, keras.KerasTensor((2, 3)))
 
 
 @pytest.mark.parametrize("with_bias", [True, False])
@@ -141,6 +141,88 @@ def test_reshape_equals_ops_reshape(rng):
     symbolic = _torch_kernels.reshape(symbolic, (-1, 36))
     assert isinstance(symbolic, keras.KerasTensor)
     assert symbolic.shape == (None, 36)
+
+
+def test_value_as_is_the_cast_of_the_variable(rng):
+    """`value_as(variable, x)` equals `ops.cast(variable, x.dtype)` for
+    every dtype pair, under mixed precision too; on PyTorch, where the
+    dtype is already `x`'s, it is the variable's value tensor itself (no
+    copy, so a gradient reaches the variable)."""
+    values = rng.normal(size=(3, 4)).astype("float32")
+    variable = keras.Variable(values)
+    for dtype in ("float32", "float16", "bfloat16"):
+        x = ops.convert_to_tensor(rng.normal(size=(2, 3)), dtype=dtype)
+        got = _torch_kernels.value_as(variable, x)
+        assert keras.backend.standardize_dtype(got.dtype) == dtype
+        assert_allclose(
+            ops.cast(got, "float32"),
+            ops.cast(ops.cast(variable, dtype), "float32"),
+            atol=0,
+        )
+    if ON_TORCH:
+        x = ops.convert_to_tensor(values[:2, :3])
+        assert _torch_kernels.value_as(variable, x) is variable.value
+    with keras.src.backend.AutocastScope("float16"):
+        x = ops.convert_to_tensor(values[:2, :3], dtype="float16")
+        got = _torch_kernels.value_as(variable, x)
+        assert keras.backend.standardize_dtype(got.dtype) == "float16"
+        assert_allclose(
+            ops.cast(got, "float32"),
+            ops.cast(ops.cast(values, "float16"), "float32"),
+            atol=0,
+        )
+    # A symbolic input (a functional model being built): the variable in
+    # its dtype, as `ops.cast` gives.
+    symbolic = keras.KerasTensor((None, 3), dtype="float16")
+    cast = _torch_kernels.value_as(variable, symbolic)
+    assert keras.backend.standardize_dtype(cast.dtype) == "float16"
+    assert_allclose(
+        ops.cast(cast, "float32"),
+        ops.cast(ops.cast(values, "float16"), "float32"),
+        atol=0,
+    )
+
+
+def test_exact_gelu_equals_the_erf_formula(rng):
+    """`exact_gelu` is `0.5 x (1 + erf(x / sqrt 2))`, on tensors and on
+    numpy input, symbolic inputs giving a symbolic result."""
+    from scipy.special import erf
+
+    x_np = (3.0 * rng.normal(size=(4, 7))).astype("float32")
+    expected = 0.5 * x_np * (1.0 + erf(x_np / np.sqrt(2.0)))
+    for x in (ops.convert_to_tensor(x_np), x_np):
+        assert_allclose(
+            _torch_kernels.exact_gelu(x), expected, atol=1e-6, rtol=1e-6
+        )
+    symbolic = _torch_kernels.exact_gelu(keras.KerasTensor((None, 7)))
+    assert isinstance(symbolic, keras.KerasTensor)
+    assert symbolic.shape == (None, 7)
+
+
+def test_concatenate_equals_ops_concatenate(rng):
+    """The same values and dtype as `ops.concatenate`, along any axis,
+    with the dtypes of its inputs promoted as Keras does when they
+    differ; symbolic inputs give a symbolic result."""
+    a = _tensor(rng, (2, 3, 4))
+    b = _tensor(rng, (2, 3, 4))
+    for axis in (0, 1, -1):
+        assert_allclose(
+            _torch_kernels.concatenate([a, b], axis),
+            ops.concatenate([a, b], axis=axis),
+            atol=0,
+        )
+    half = ops.cast(b, "float16")
+    mixed = _torch_kernels.concatenate([a, half], 1)
+    expected = ops.concatenate([a, half], axis=1)
+    assert keras.backend.standardize_dtype(mixed.dtype) == (
+        keras.backend.standardize_dtype(expected.dtype)
+    )
+    assert_allclose(mixed, expected, atol=0)
+    symbolic = _torch_kernels.concatenate(
+        [keras.KerasTensor((None, 3, 4)), keras.KerasTensor((None, 2, 4))], 1
+    )
+    assert isinstance(symbolic, keras.KerasTensor)
+    assert symbolic.shape == (None, 5, 4)
 
 
 def test_unstack_equals_the_slices(rng):
@@ -673,6 +755,37 @@ def test_packed_weights_follow_the_kernel(rng, monkeypatch):
         kernel = torch.tensor(k_np)
     assert calls_on(kernel) == [False] * 3
     assert _torch_kernels._PACKED == {}
+
+
+def test_packed_entry_leaves_after_the_module_globals(rng, monkeypatch):
+    """A packed kernel freed after `_torch_kernels`' globals are cleared
+    (a script's global tensor at interpreter exit) still removes its entry
+    from the table it was made in, without an error from the weak
+    reference's callback."""
+    calls = _packing_spy(monkeypatch)
+    x_np, k_np, b_np, expected = _linear_case(rng)
+    if _formula_off_torch(calls, x_np, k_np, b_np, expected):
+        return
+    import gc
+    import sys
+
+    import torch
+
+    table = _torch_kernels._PACKED
+    kernel = torch.tensor(k_np)
+    with torch.no_grad():
+        for _ in range(2):
+            out = _torch_kernels.linear(torch.tensor(x_np), kernel)
+            assert_allclose(out, x_np @ k_np, atol=1e-5, rtol=1e-5)
+    assert [p for _, p in calls] == [False, True]
+    assert list(table) == [id(kernel)]
+    errors = []
+    monkeypatch.setattr(sys, "unraisablehook", errors.append)
+    monkeypatch.setattr(_torch_kernels, "_PACKED", None)
+    del kernel
+    gc.collect()
+    assert errors == []
+    assert table == {}
 
 
 class _CastLinear(_Linear):

@@ -5,7 +5,10 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._keras_internals import dense_weights
+from keras_jumbo._torch_kernels import exact_gelu
 from keras_jumbo._torch_kernels import linear
+from keras_jumbo._torch_kernels import value_as
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 
@@ -17,15 +20,15 @@ def gelu(x):
     Same values as `keras.activations.gelu(x, approximate=False)` and
     PyTorch's `nn.GELU()`, but expressed with `erf` so that exported graphs
     need no `Erfc` kernel (onnxruntime has none). On the PyTorch backend it
-    is `ops.gelu(x, approximate=False)` (`torch.nn.functional.gelu`, the
-    same function): eager PyTorch runs the erf form as five element-wise
-    kernels and one fused kernel is 10-20% of a pico ViT's inference
-    there; exports always trace the TensorFlow backend, so they keep the
-    erf form.
+    is `torch.nn.functional.gelu`, the same function, as one kernel
+    (`_torch_kernels.exact_gelu`): eager PyTorch runs the erf form as
+    five element-wise kernels and one fused kernel is 10-20% of a pico
+    ViT's inference there; exports always trace the TensorFlow backend,
+    so they keep the erf form.
     """
-    x = ops.convert_to_tensor(x)
     if keras.backend.backend() == "torch":
-        return ops.gelu(x, approximate=False)
+        return exact_gelu(x)
+    x = ops.convert_to_tensor(x)
     return 0.5 * x * (1.0 + ops.erf(x * _SQRT_HALF))
 
 
@@ -59,11 +62,11 @@ def dense(layer, x):
         or layer.activation is not keras.activations.linear
     ):
         return layer(x)
-    bias = layer.bias
+    kernel, bias = dense_weights(layer)
     return linear(
         x,
-        ops.cast(layer.kernel, x.dtype),
-        None if bias is None else ops.cast(bias, x.dtype),
+        value_as(kernel, x),
+        None if bias is None else value_as(bias, x),
     )
 
 

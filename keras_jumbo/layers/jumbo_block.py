@@ -1,9 +1,9 @@
 import itertools
 
 import keras
-from keras import ops
 
 from keras_jumbo._keras_internals import call_sublayer
+from keras_jumbo._torch_kernels import concatenate
 from keras_jumbo.layers._utils import check_bool
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers.jumbo_token import jumbo_merge
@@ -209,7 +209,7 @@ class JumboBlock(ViTBlock):
                 ]
             else:
                 joined = self._jumbo_ffn(
-                    ops.concatenate(jumbos, axis=0), training, shared_jumbo_mlp
+                    concatenate(jumbos, axis=0), training, shared_jumbo_mlp
                 )
                 ends = list(
                     itertools.accumulate(jumbo.shape[0] for jumbo in jumbos)
@@ -224,9 +224,7 @@ class JumboBlock(ViTBlock):
             if self.use_patch_mlp:
                 patches = self.mlp_branch(patches, training)
             outputs.append(
-                ops.concatenate(
-                    [jumbo_split(jumbo, num_jumbo), patches], axis=1
-                )
+                concatenate([jumbo_split(jumbo, num_jumbo), patches], axis=1)
             )
         return outputs
 

@@ -47,7 +47,10 @@ class LayerNormalization(keras.layers.LayerNormalization):
                 outputs = layer_norm(
                     inputs, self.gamma.value, self.beta.value, self.epsilon
                 )
-                return ops.cast(outputs, self.compute_dtype)
+                dtype = self.compute_dtype
+                if keras.backend.standardize_dtype(outputs.dtype) == dtype:
+                    return outputs  # no `ops.cast` dispatch per call
+                return ops.cast(outputs, dtype)
             return super().call(inputs)
         outputs = closed_form_layer_norm(
             inputs, self.gamma, self.beta, self.epsilon

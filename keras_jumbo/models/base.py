@@ -15,6 +15,7 @@ import keras
 
 from keras_jumbo import runtime
 from keras_jumbo._keras_internals import BuildsStateBeforeTracing
+from keras_jumbo._keras_internals import CallsLayersDirectly
 from keras_jumbo._keras_internals import ReleasesAddedLosses
 from keras_jumbo._keras_internals import collect_garbage_once
 from keras_jumbo._keras_internals import jax_jit_options
@@ -116,7 +117,10 @@ def _jax_step_options():
 
 
 class ConfiguredModel(
-    BuildsStateBeforeTracing, ReleasesAddedLosses, keras.Model
+    BuildsStateBeforeTracing,
+    ReleasesAddedLosses,
+    CallsLayersDirectly,
+    keras.Model,
 ):
     """A functional model whose config is its constructor's arguments.
 
