@@ -1,6 +1,8 @@
 import keras
 from keras import ops
 
+from keras_jumbo._torch_kernels import reshape
+from keras_jumbo._torch_kernels import value_as
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import standardize_data_format
@@ -142,17 +144,19 @@ class PatchEmbedding(keras.layers.Layer):
         height, width, channels = images.shape[1:]
         patch_h, patch_w = self.patch_size
         grid_h, grid_w = height // patch_h, width // patch_w
-        rows = ops.reshape(images, (-1, patch_h, grid_w, patch_w * channels))
+        # `reshape` / `value_as`: no Keras op dispatch per call on eager
+        # PyTorch (the same ops elsewhere).
+        rows = reshape(images, (-1, patch_h, grid_w, patch_w * channels))
         patches = ops.stack([rows[:, :, i] for i in range(grid_w)], axis=1)
-        patches = ops.reshape(patches, (-1, patch_h * patch_w * channels))
-        kernel = ops.reshape(
-            ops.cast(self.projection.kernel, patches.dtype),
+        patches = reshape(patches, (-1, patch_h * patch_w * channels))
+        kernel = reshape(
+            value_as(self.projection.kernel, patches),
             (patch_h * patch_w * channels, self.hidden_dim),
         )
         tokens = ops.matmul(patches, kernel)
         if self.use_bias:
-            tokens = tokens + ops.cast(self.projection.bias, tokens.dtype)
-        return ops.reshape(tokens, (-1, grid_h, grid_w, self.hidden_dim))
+            tokens = tokens + value_as(self.projection.bias, tokens)
+        return reshape(tokens, (-1, grid_h, grid_w, self.hidden_dim))
 
     def compute_output_shape(self, input_shape):
         height, width, _ = self._spatial(input_shape)
