@@ -145,42 +145,36 @@ def test_reshape_equals_ops_reshape(rng):
 
 def test_value_as_is_the_cast_of_the_variable(rng):
     """`value_as(variable, x)` equals `ops.cast(variable, x.dtype)` for
-    every dtype pair, under mixed precision too; on PyTorch, where the
-    dtype is already `x`'s, it is the variable's value tensor itself (no
-    copy, so a gradient reaches the variable)."""
+    every dtype pair, inside a mixed-precision layer (Keras' autocast
+    scope) and for a symbolic `x` (a functional model being built) too;
+    on PyTorch, where the dtype is already `x`'s, it is the variable's
+    value tensor itself (no copy, so a gradient reaches the variable)."""
     values = rng.normal(size=(3, 4)).astype("float32")
     variable = keras.Variable(values)
-    for dtype in ("float32", "float16", "bfloat16"):
-        x = ops.convert_to_tensor(rng.normal(size=(2, 3)), dtype=dtype)
-        got = _torch_kernels.value_as(variable, x)
+
+    def check(got, dtype):
         assert keras.backend.standardize_dtype(got.dtype) == dtype
         assert_allclose(
             ops.cast(got, "float32"),
-            ops.cast(ops.cast(variable, dtype), "float32"),
+            ops.cast(ops.cast(values, dtype), "float32"),
             atol=0,
         )
+
+    for dtype in ("float32", "float16", "bfloat16"):
+        x = ops.convert_to_tensor(rng.normal(size=(2, 3)), dtype=dtype)
+        check(_torch_kernels.value_as(variable, x), dtype)
     if ON_TORCH:
         x = ops.convert_to_tensor(values[:2, :3])
         assert _torch_kernels.value_as(variable, x) is variable.value
-    with keras.src.backend.AutocastScope("float16"):
-        x = ops.convert_to_tensor(values[:2, :3], dtype="float16")
-        got = _torch_kernels.value_as(variable, x)
-        assert keras.backend.standardize_dtype(got.dtype) == "float16"
-        assert_allclose(
-            ops.cast(got, "float32"),
-            ops.cast(ops.cast(values, "float16"), "float32"),
-            atol=0,
-        )
-    # A symbolic input (a functional model being built): the variable in
-    # its dtype, as `ops.cast` gives.
+
+    class _Reads(keras.layers.Layer):
+        def call(self, x):
+            return _torch_kernels.value_as(variable, x)
+
+    half = ops.convert_to_tensor(values[:2, :3], dtype="float16")
+    check(_Reads(dtype="mixed_float16")(half), "float16")
     symbolic = keras.KerasTensor((None, 3), dtype="float16")
-    cast = _torch_kernels.value_as(variable, symbolic)
-    assert keras.backend.standardize_dtype(cast.dtype) == "float16"
-    assert_allclose(
-        ops.cast(cast, "float32"),
-        ops.cast(ops.cast(values, "float16"), "float32"),
-        atol=0,
-    )
+    check(_torch_kernels.value_as(variable, symbolic), "float16")
 
 
 def test_exact_gelu_equals_the_erf_formula(rng):
