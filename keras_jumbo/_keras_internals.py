@@ -57,6 +57,8 @@ import inspect
 
 import keras
 
+from keras_jumbo._torch_kernels import torch_tensors
+
 
 def _direct_call_ok(layer, inputs):
     """Whether `layer.__call__(inputs, ...)` would only run `layer.call`.
@@ -243,13 +245,12 @@ class CallsLayersDirectly:
 def _eager_torch(inputs):
     """Whether `inputs` (a tensor or a structure of them) are PyTorch
     tensors and the call is not being compiled by `torch.compile`."""
-    if keras.backend.backend() != "torch":
+    flat = keras.tree.flatten(inputs)
+    if any(x is None for x in flat) or not torch_tensors(*flat):
         return False
     import torch
 
-    if torch.compiler.is_compiling():
-        return False
-    return all(isinstance(x, torch.Tensor) for x in keras.tree.flatten(inputs))
+    return not torch.compiler.is_compiling()
 
 
 def _call_node(layer, model_training, *args, **kwargs):
