@@ -93,6 +93,11 @@ SETTINGS = {
 }
 SETTINGS["all+scores"] = SETTINGS["all+maps"] + ("scores",)
 SETTINGS["library"] = SETTINGS["all+scores"] + ("short",)
+# Every path on, XLA's default compiler options: what the automatic
+# options change in the library's steps.
+SETTINGS["library-options"] = tuple(
+    path for path in SETTINGS["library"] if path != "options"
+)
 
 
 def build(name, image_size):

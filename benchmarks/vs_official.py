@@ -67,9 +67,11 @@ module under `torch.no_grad()`), and training images/s (batch
 `train_on_batch`, or forward + backward + `step()` for the official code)
 and, for keras_jumbo, training images/s under `fit` (`training_fit`: one
 epoch over `--steps` copies of the batch, read from NumPy arrays as a
-user's are; `train_on_batch` also reads every variable out of Keras'
-state and writes it back around each step, which `fit` does once per
-epoch). For `predict_on_batch` and `train_on_batch` every contender's
+user's are, after a warm-up epoch of the same size and up to the end of
+training, i.e. without the data iterator's destruction as `fit`
+returns (`_fit_rate`); `train_on_batch` also reads every variable out of
+Keras' state and writes it back around each step, which `fit` does once
+per epoch). For `predict_on_batch` and `train_on_batch` every contender's
 batch is a tensor of its framework, made once before the timed loop (the
 official code's `torch.randn`; `keras.ops.convert_to_tensor` for
 keras_jumbo), so none copies its input from NumPy inside the loop.
@@ -330,28 +332,52 @@ def _keras(args, contender):
 
 def _fit_rate(model, xt, yt, args):
     """Images/s of `model.fit` over `--steps` copies of the training
-    batch (one epoch, no shuffling, after a `--warmup`-step epoch).
+    batch (one epoch, no shuffling, after a warm-up epoch of the same
+    size), from the call to the end of training (`on_train_end`).
 
     `train_on_batch` reads every variable out of Keras' state and writes
     it back around each step; `fit` keeps the state between the steps of
     an epoch, as a user's training does. The epoch's setup (its data
-    iterator, callbacks) is inside the time."""
+    iterator, callbacks) is inside the time. Two one-off costs are not
+    (benchmarks/README.md, fortieth session; TensorFlow with XLA, pico,
+    2-core Zen 4 EPYC):
+
+    - the first `fit` on data of a new size, which costs as a first step
+      costs compilation (~2.2 s once): hence the warm-up of the same size
+      (a `--warmup`-step epoch before left it in the timed one);
+    - the data iterator's destruction when `fit` returns: in the first
+      few `fit` calls of a process that ran other steps before, TF's
+      tf.data iterator waits 0-10 s there for its autotuning thread
+      (`RootDataset::Iterator::~Iterator`), once per call, after the
+      last step. It read TensorFlow's `fit` at ~0.45x its
+      `train_on_batch`.
+    """
+    import keras
     import numpy as np
 
-    def epoch(steps):
+    x = np.concatenate([xt] * args.steps)
+    y = np.concatenate([yt] * args.steps)
+    end = {}
+
+    class TrainEnd(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            end["time"] = time.perf_counter()
+
+    def epoch():
         model.fit(
-            np.concatenate([xt] * steps),
-            np.concatenate([yt] * steps),
+            x,
+            y,
             batch_size=args.train_batch,
             epochs=1,
             shuffle=False,
             verbose=0,
+            callbacks=[TrainEnd()],
         )
 
-    epoch(max(args.warmup, 1))
+    epoch()
     start = time.perf_counter()
-    epoch(args.steps)
-    return args.train_batch * args.steps / (time.perf_counter() - start)
+    epoch()
+    return args.train_batch * args.steps / (end["time"] - start)
 
 
 def _matmul_peak(args):
