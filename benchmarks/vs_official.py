@@ -347,21 +347,22 @@ def _fit_rate(model, xt, yt, args):
       (a `--warmup`-step epoch before left it in the timed one);
     - the data iterator's destruction when `fit` returns: in the first
       few `fit` calls of a process that ran other steps before, TF's
-      tf.data iterator waits 0-10 s there for its autotuning thread
-      (`RootDataset::Iterator::~Iterator`), once per call, after the
-      last step. It read TensorFlow's `fit` at ~0.45x its
-      `train_on_batch`.
+      tf.data iterator waits 0-10 s there for one of its threads,
+      probably its autotuning one (`RootDataset::Iterator::~Iterator`;
+      no wait with autotuning off), once per call, after the last step.
+      It read TensorFlow's `fit` at ~0.45x its `train_on_batch`.
     """
     import keras
     import numpy as np
 
     x = np.concatenate([xt] * args.steps)
     y = np.concatenate([yt] * args.steps)
-    end = {}
 
     class TrainEnd(keras.callbacks.Callback):
         def on_train_end(self, logs=None):
-            end["time"] = time.perf_counter()
+            self.time = time.perf_counter()
+
+    train_end = TrainEnd()
 
     def epoch():
         model.fit(
@@ -371,13 +372,13 @@ def _fit_rate(model, xt, yt, args):
             epochs=1,
             shuffle=False,
             verbose=0,
-            callbacks=[TrainEnd()],
+            callbacks=[train_end],
         )
 
     epoch()
     start = time.perf_counter()
     epoch()
-    return args.train_batch * args.steps / (end["time"] - start)
+    return args.train_batch * args.steps / (train_end.time - start)
 
 
 def _matmul_peak(args):
