@@ -17,6 +17,13 @@ image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`
 `allocator` column says which ran (`huge-pages`, `kept`, both, or
 `default`).
 
+`--rounds N` measures every model N times in alternating order (a fresh
+worker each time) and records each model's median: a shared machine's
+slow phases otherwise land on one model of a ratio (the NonDeep / deep
+inference ratio read 0.99-1.32 in four single-round runs on one 2-core
+machine, 1.07-1.12 interleaved in one process; benchmarks/README.md,
+forty-first session).
+
 Printed in the same run: JumboViT / RegistersViT inference throughput per
 size (paper, Jumbo Tables 5-6 at 128 px on an RTX 4090: 101.7K / 105.9K =
 0.96 at nano) and, on JAX, the training-step time with
@@ -33,6 +40,11 @@ CPU, a subset of every family:
     KERAS_BACKEND=jax python benchmarks/throughput.py --models cpu \
         --batch 8 --steps 3 --image-size 224
     KERAS_BACKEND=jax python benchmarks/throughput.py --bf16 ...   # bfloat16
+    # the issue #15 Non-Deep ratio, 3 interleaved rounds
+    KERAS_BACKEND=jax python benchmarks/throughput.py --models \
+        non_deep_vit_6x2 non_deep_vit_6x2:deep --batch 16 --steps 5 \
+        --image-size 224 --rounds 3 --csv /tmp/nondeep.csv \
+        --png /tmp/nondeep.png
 """
 
 import argparse
@@ -40,6 +52,7 @@ import csv
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -341,6 +354,32 @@ def _in_subprocess(args, name):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def median_row(rows):
+    """One model's rows over rounds as one: the median of each
+    throughput, the largest peak memory, the rest from the first round;
+    `rounds` says how many."""
+    row = dict(rows[0], rounds=len(rows))
+    for key in ("infer_img_s", "train_img_s"):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            row[key] = round(statistics.median(values), 1)
+    peaks = [r["train_peak_mb"] for r in rows if r.get("train_peak_mb")]
+    if peaks:
+        row["train_peak_mb"] = max(peaks)
+    return row
+
+
+def per_round_ratio(numerators, denominators, key):
+    """The median over rounds of `numerators[i][key] /
+    denominators[i][key]` (the two measured in the same round), as text
+    to print after the ratio of medians; empty for a single round."""
+    if len(numerators) < 2:
+        return ""
+    pairs = zip(numerators, denominators, strict=True)
+    ratios = [a[key] / b[key] for a, b in pairs]
+    return f" (per round: median {statistics.median(ratios):.2f})"
+
+
 def plot(rows, path, title):
     import matplotlib
 
@@ -400,6 +439,16 @@ def main(argv=None):
     parser.add_argument("--png", default="benchmarks/results/throughput.png")
     parser.add_argument("--in-process", action="store_true")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every model this many times, in alternating order "
+        "(each time in a fresh worker unless --in-process); the CSV and "
+        "the ratios take each model's median over rounds, and the printed "
+        "ratios also the median of the per-round ratios, so that a slow "
+        "phase of a shared machine does not land on one model of a pair",
+    )
+    parser.add_argument(
         "--allocator",
         choices=("auto", "default"),
         default="auto",
@@ -416,6 +465,8 @@ def main(argv=None):
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        raise ValueError(f"`--rounds` must be >= 1. Received: {args.rounds}")
     if args.bf16:
         keras.config.set_dtype_policy("mixed_bfloat16")
     if args.worker:
@@ -444,28 +495,41 @@ def main(argv=None):
     allocator = "default"
     if args.in_process:
         allocator = _apply_allocator(args.allocator, args.models)
-    rows = []
-    for name in args.models:
-        if args.in_process:
-            row = measure(
-                name,
-                args.image_size,
-                args.batch,
-                args.steps,
-                train=not args.no_train,
+    # rounds_of[name]: that model's row in each round.
+    rounds_of = {name: [] for name in args.models}
+    for round_index in range(args.rounds):
+        order = args.models if round_index % 2 == 0 else args.models[::-1]
+        for name in order:
+            if args.in_process:
+                row = measure(
+                    name,
+                    args.image_size,
+                    args.batch,
+                    args.steps,
+                    train=not args.no_train,
+                )
+                row["allocator"] = allocator
+            else:
+                row = _in_subprocess(args, name)
+            rounds_of[name].append(row)
+            prefix = f"round {round_index + 1} " if args.rounds > 1 else ""
+            print(
+                f"{prefix}{name:<22}{row['params_m']:>8.2f}M  infer "
+                f"{row['infer_img_s']:>9.1f} img/s  train "
+                f"{row.get('train_img_s', float('nan')):>8.1f} img/s  peak "
+                f"{row.get('train_peak_mb', float('nan')):>8.1f} MB "
+                f"({row.get('memory_source', '-')})",
+                flush=True,
             )
-            row["allocator"] = allocator
-        else:
-            row = _in_subprocess(args, name)
-        rows.append(row)
-        print(
-            f"{name:<22}{row['params_m']:>8.2f}M  infer "
-            f"{row['infer_img_s']:>9.1f} img/s  train "
-            f"{row.get('train_img_s', float('nan')):>8.1f} img/s  peak "
-            f"{row.get('train_peak_mb', float('nan')):>8.1f} MB "
-            f"({row.get('memory_source', '-')})",
-            flush=True,
-        )
+    rows = [median_row(rounds_of[name]) for name in args.models]
+    if args.rounds > 1:
+        for row in rows:
+            print(
+                f"median {row['model']:<22}infer {row['infer_img_s']:>9.1f} "
+                f"img/s  train {row.get('train_img_s', float('nan')):>8.1f} "
+                "img/s",
+                flush=True,
+            )
     os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
     fields = sorted({key for row in rows for key in row})
     with open(args.csv, "w", newline="") as handle:
@@ -495,13 +559,16 @@ def main(argv=None):
         by_name.get("non_deep_vit_6x2:deep"),
     )
     if branchy and deep:
+        pair = rounds_of["non_deep_vit_6x2:deep"], rounds_of["non_deep_vit_6x2"]
         line = (
             "NonDeepViT-6x2 / 12-layer one-branch time (same MACs): "
             f"inference {deep['infer_img_s'] / branchy['infer_img_s']:.2f}"
+            f"{per_round_ratio(*pair, 'infer_img_s')}"
         )
         if branchy.get("train_img_s") and deep.get("train_img_s"):
             line += (
                 f", training {deep['train_img_s'] / branchy['train_img_s']:.2f}"
+                f"{per_round_ratio(*pair, 'train_img_s')}"
             )
         print(
             line + f" at {branchy['image_size']} px, batch "
@@ -518,9 +585,14 @@ def main(argv=None):
         jumbo = by_name.get(f"jumbo_vit_{size}")
         registers = by_name.get(f"registers_vit_{size}")
         if jumbo and registers:
+            pair = (
+                rounds_of[f"jumbo_vit_{size}"],
+                rounds_of[f"registers_vit_{size}"],
+            )
             print(
                 f"Jumbo/Registers inference throughput, {size}: "
-                f"{jumbo['infer_img_s'] / registers['infer_img_s']:.2f} "
+                f"{jumbo['infer_img_s'] / registers['infer_img_s']:.2f}"
+                f"{per_round_ratio(*pair, 'infer_img_s')} "
                 "(paper, nano at 128 px on an RTX 4090: 0.96)"
             )
     if keras.backend.backend() == "jax" and not args.no_train:
