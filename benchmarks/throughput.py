@@ -18,7 +18,8 @@ image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`
 `default`).
 
 `--rounds N` measures every model N times in alternating order (a fresh
-worker each time) and records each model's median: a shared machine's
+worker each time unless `--in-process`) and records each model's median
+(the largest training peak memory): a shared machine's
 slow phases otherwise land on one model of a ratio (the NonDeep / deep
 inference ratio read 0.99-1.32 in four single-round runs on one 2-core
 machine, 1.07-1.12 interleaved in one process; benchmarks/README.md,
