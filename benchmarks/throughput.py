@@ -73,6 +73,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from recipes.common import allocator_label  # noqa: E402
 from recipes.common import apply_allocator  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _rounds import round_ratio  # noqa: E402
+
 # `--models cpu`: one or more sizes of every family, small enough for a CPU.
 CPU_MODELS = (
     "jumbo_vit_pico",
@@ -371,14 +374,15 @@ def median_row(rows):
 
 
 def per_round_ratio(numerators, denominators, key):
-    """The median over rounds of `numerators[i][key] /
-    denominators[i][key]` (the two measured in the same round), as text
-    to print after the ratio of medians; empty for a single round."""
+    """`_rounds.round_ratio` of `key` over the rounds (the two rows of a
+    round measured side by side), as text to print after the ratio of
+    medians; empty for a single round."""
     if len(numerators) < 2:
         return ""
-    pairs = zip(numerators, denominators, strict=True)
-    ratios = [a[key] / b[key] for a, b in pairs]
-    return f" (per round: median {statistics.median(ratios):.2f})"
+    ratio = round_ratio(
+        [row[key] for row in numerators], [row[key] for row in denominators]
+    )
+    return f" (per round: median {ratio:.2f})"
 
 
 def plot(rows, path, title):

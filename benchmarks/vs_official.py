@@ -119,6 +119,8 @@ import sys
 import time
 import types
 
+from _rounds import round_ratio
+
 # `training_fit`: Keras contenders only (`_fit_rate`).
 MEASURES = ("inference", "training", "training_fit")
 CONTENDERS = (
@@ -656,7 +658,7 @@ def summarize(results, peak_gflops, macs):
                     "images_per_second": rate,
                     "rounds": len(measures[measure]),
                     "ratio": rate / base if base else None,
-                    "round_ratio": _round_ratio(measures[measure], base_rounds),
+                    "round_ratio": round_ratio(measures[measure], base_rounds),
                     "flop_utilisation": (
                         flops[measure] * rate / (peak_gflops * 1e9)
                         if macs and peak_gflops
@@ -665,20 +667,6 @@ def summarize(results, peak_gflops, macs):
                 }
             )
     return rows
-
-
-def _round_ratio(rates, base_rates):
-    """The median over rounds of `rate / base rate` in the same round, or
-    None without a reference measured in every round. A round's
-    contenders run one after another, so a slow phase of the machine that
-    lasts a round or two moves both sides of its ratio; the ratio of the
-    medians (`ratio`) can pair a contender's fast round with the
-    reference's slow one."""
-    if not base_rates or len(base_rates) != len(rates):
-        return None
-    return statistics.median(
-        rate / base for rate, base in zip(rates, base_rates, strict=True)
-    )
 
 
 def main(argv=None):
