@@ -12,8 +12,8 @@ growth over the training steps (CPU; labelled `host_rss`). As the recipes
 do (`--allocator auto`; `--allocator default` measures without it), every
 worker starts with glibc's malloc on transparent huge pages where that
 changes something (`keras_jumbo.runtime.with_huge_pages`), and on JAX each
-image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`
-(on huge pages not for the branchy Non-Deep ViT, as its recipe); the CSV's
+image model's worker first calls `keras_jumbo.runtime.keep_freed_memory()`;
+the CSV's
 `allocator` column says which ran (`huge-pages`, `kept`, both, or
 `default`).
 
@@ -312,24 +312,13 @@ def _apply_allocator(flag, names):
     """`--allocator` for a process that measures `names`: the CSV's label
     (`recipes.common.allocator_label`: "huge-pages", "kept", both joined
     by "+", or "default"). Keeping memory follows the recipes' policy
-    (`recipes.common.apply_allocator`: flag "auto" on JAX, with glibc;
-    on huge pages not for the branchy Non-Deep ViT, whose recipe leaves it
-    out) when an image model is among `names`; the time-series recipe
-    does not call it (a PatchTST step of ~12 ms, batch 8, ran 15-20%
-    slower with it; benchmarks/README.md). Call it before the process's
-    first JAX computation."""
+    (`recipes.common.apply_allocator`: flag "auto" on JAX, with glibc)
+    when an image model is among `names`; the time-series recipe does
+    not call it (a PatchTST step of ~12 ms, batch 8, ran 15-20% slower
+    with it; benchmarks/README.md). Call it before the process's first
+    JAX computation."""
     images = [name for name in names if name not in TIME_SERIES]
-    with_huge_pages = any(not _branchy_non_deep(name) for name in images)
-    return allocator_label(
-        bool(images) and apply_allocator(flag, with_huge_pages)
-    )
-
-
-def _branchy_non_deep(name):
-    """A branchy Non-Deep ViT (`non_deep_vit_*`, not `:plain` or `:deep`):
-    the models the Non-Deep recipe's branchy stages train."""
-    base, _, variant = name.partition(":")
-    return base.startswith("non_deep_vit") and variant in ("", "nodiversity")
+    return allocator_label(bool(images) and apply_allocator(flag))
 
 
 def _in_subprocess(args, name):
@@ -462,8 +451,7 @@ def main(argv=None):
         "with_huge_pages; with --in-process, only if this process did), "
         "and on JAX keras_jumbo.runtime.keep_freed_memory() runs before "
         "the first computation of every image model's worker (as in the "
-        "image recipes: on huge pages not for the branchy Non-Deep ViT; "
-        "the time-series recipe does not call it; with "
+        "image recipes; the time-series recipe does not call it; with "
         "--in-process, for the whole process when any image model is "
         "listed); default: glibc's defaults and JAX's asynchronous "
         "dispatch. Written to the CSV's `allocator` column",

@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these eleven things:
+Keras 3.15 has no public way to do these twelve things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -44,7 +44,12 @@ Keras 3.15 has no public way to do these eleven things:
   strategy Keras creates them inside the step's first trace, and
   `tf.function` then traces the whole step a second time
   (`BuildsStateBeforeTracing` below calls the trainer's
-  `_symbolic_build`, as Keras itself does under a strategy).
+  `_symbolic_build`, as Keras itself does under a strategy);
+- on JAX with synchronous CPU dispatch, have each batch on the device
+  before a step runs: the functions Keras' JAX trainer makes
+  (`model.train_function`, ...) take `(state, iterator)` and draw their
+  batches from the iterator inside, so `WaitsForBatches` below wraps
+  that iterator (`jax_waits_for_batches`).
 
 Everything else in keras_jumbo uses public Keras API only; if a future
 Keras offers these, this module is the one place to change.
@@ -360,3 +365,102 @@ def jax_jit_options(**options):
         yield
     finally:
         trainer.jit = jit
+
+
+def _on_device_and_ready(batch):
+    """`batch` (a tree of arrays) with its NumPy arrays put on JAX's
+    default device, once every array in it has arrived there."""
+    import jax
+    import numpy as np
+
+    batch = jax.tree_util.tree_map(
+        lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x,
+        batch,
+    )
+    return jax.block_until_ready(batch)
+
+
+def _ready_batches(iterator):
+    """The batches of `iterator`, each on the device before it is given
+    (`_on_device_and_ready`), one at a time: no batch is drawn early."""
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        yield _on_device_and_ready(batch)
+
+
+def _dispatch_is_synchronous():
+    import jax
+
+    return jax.default_backend() == "cpu" and not jax.config.read(
+        "jax_cpu_enable_async_dispatch"
+    )
+
+
+def jax_waits_for_batches(step_function):
+    """A step function of Keras' JAX trainer that, when JAX's CPU dispatch
+    is synchronous, waits for each batch to be on the device first.
+
+    Why: with `jax_cpu_enable_async_dispatch=False` (set by
+    `keras_jumbo.runtime.keep_freed_memory`) XLA's CPU client runs a
+    compiled step on the calling thread only if all its inputs are ready;
+    otherwise it runs the step later on one of its own threads. A NumPy
+    batch given to the step (as Keras' `fit` and `train_on_batch` give
+    it on a CPU) is copied to the device by another thread, and when that
+    copy had not finished, the step ran on a pool thread whose malloc
+    arena maps the step's temporary buffer afresh and unmaps it after:
+    measured (JAX, the 12-layer ViT-Tiny at 224 px, batch 16, huge pages
+    + kept memory, 2 CPU cores) in 5 of 8 `fit` processes and 5 of 12
+    `train_on_batch` ones, 1-3 steps of 8 took ~2.1 s instead of ~0.6 s,
+    faulting in a 975 MB buffer, with up to 2 GB more peak memory
+    (benchmarks/README.md, forty-third session). Putting the batch on the
+    device and waiting for it costs nothing the step would not wait for.
+
+    `step_function` takes `(state, iterator)`, as `model.train_function`,
+    `model.test_function` and `model.predict_function` do on JAX (they
+    draw one batch, or `steps_per_execution` batches, from the iterator).
+    With asynchronous dispatch (JAX's default), on GPUs and TPUs, and on
+    other backends, the batches are passed on untouched. Wrapping twice
+    wraps once; None stays None.
+    """
+    if (
+        step_function is None
+        or keras.backend.backend() != "jax"
+        or getattr(step_function, "_waits_for_batches", False)
+    ):
+        return step_function
+
+    @functools.wraps(step_function)
+    def step(state, iterator):
+        if _dispatch_is_synchronous():
+            iterator = _ready_batches(iterator)
+        return step_function(state, iterator)
+
+    step._waits_for_batches = True
+    return step
+
+
+class WaitsForBatches:
+    """Mixin for a `keras.Model` subclass (list it before `keras.Model`):
+    on JAX with synchronous CPU dispatch, the steps Keras makes for it
+    (`fit`, `evaluate`, `predict`, the `*_on_batch` calls) wait for each
+    batch to be on the device before they run (`jax_waits_for_batches`),
+    so that they run on the calling thread. Other backends, and JAX with
+    asynchronous dispatch: Keras' own steps, unchanged."""
+
+    def make_train_function(self, force=False):
+        result = super().make_train_function(force)
+        self.train_function = jax_waits_for_batches(self.train_function)
+        return result
+
+    def make_test_function(self, force=False):
+        result = super().make_test_function(force)
+        self.test_function = jax_waits_for_batches(self.test_function)
+        return result
+
+    def make_predict_function(self, force=False):
+        super().make_predict_function(force)
+        self.predict_function = jax_waits_for_batches(self.predict_function)
+        return self.predict_function

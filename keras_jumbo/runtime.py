@@ -83,7 +83,16 @@ def keep_freed_memory():
     steps, steps take no faults. Measured (JAX, pico, `fit` at batch 32,
     2 CPU cores): the same images/s as asynchronous dispatch when that
     kept its buffer (118 / 124 against 118 / 123), and never the faulting
-    steps.
+    steps. XLA runs a step on the calling thread only when all its inputs
+    are on the device: a batch still being copied there sends the step to
+    one of XLA's threads, whose arena maps the buffer afresh (the
+    12-layer ViT-Tiny at 224 px, batch 16: 1-3 steps of 8 at ~2.1 s
+    instead of ~0.6 s, with up to 2 GB more peak memory, in 5 of 8 `fit`
+    processes). So keras_jumbo's models (and its distillers) wait for
+    each batch to be on the device before a step when dispatch is
+    synchronous (`_keras_internals.WaitsForBatches`); a step of your own
+    (`jax.jit`) gets the same by passing arrays that are ready
+    (`jax.block_until_ready(jax.device_put(batch))`).
 
     It pays where a step's temporary buffer is large: image models, and
     the time-series models at large batches (`fit` steps of the PatchTST
@@ -98,12 +107,11 @@ def keep_freed_memory():
     (`restart_with_huge_pages`) cuts the faults another way, on every
     backend and without the small steps' slowdown. The image recipes on
     JAX use both: on top of huge pages this measured 1.11-1.23x for the
-    official pico Jumbo's training step and 1.02-1.07x in other runs; but
-    Non-Deep ViT's steps kept faulting ~1.7 GB a step in most processes
-    (not in all: likely threads attached to malloc arenas of their own,
-    which the settings do not govern), with up to 1.9 GB more peak memory
-    and 0.58-0.77x the images/s, so its recipe's branchy stages leave it
-    out on huge pages (benchmarks/README.md, thirty-seventh session).
+    official pico Jumbo's training step and 1.02-1.07x in other runs, and
+    1.07-1.14x for NonDeepViT-6x2 at 224 px, batch 16 (whose steps, before
+    the models waited for their batches, faulted ~1.7 GB each in most
+    processes; benchmarks/README.md, thirty-seventh and forty-third
+    sessions).
 
     Call it before the first JAX computation (after `import keras` is
     fine): JAX reads the dispatch setting when it creates its CPU client,

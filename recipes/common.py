@@ -100,8 +100,6 @@ class ImageRecipe:
     recipe's hooks. `smoke` overrides fields for `--smoke`.
     `torch_compile=False` keeps `--jit-compile auto` eager on PyTorch
     whatever the run's length (`resolve_jit_compile`).
-    `keep_freed_memory=False`: in a process on huge pages, `--allocator
-    auto` does not also keep freed memory on JAX (`apply_allocator`).
     """
 
     name: str
@@ -126,7 +124,6 @@ class ImageRecipe:
     evaluate: Callable | None = None
     wrap_model: Callable | None = None
     torch_compile: bool = True
-    keep_freed_memory: bool = True
     state: dict = dataclasses.field(default_factory=dict)
     smoke: dict = dataclasses.field(default_factory=dict)
 
@@ -237,27 +234,25 @@ def allocator_label(kept):
     return "+".join(labels) or "default"
 
 
-def apply_allocator(flag, with_huge_pages=True):
+def apply_allocator(flag):
     """`--allocator`: True when `keras_jumbo.runtime.keep_freed_memory`
-    was applied: flag "auto", on JAX, with glibc; in a process started
-    with glibc's malloc on transparent huge pages only if
-    `with_huge_pages`. On top of huge pages it measured 1.11-1.23x for the
-    official pico Jumbo's training step (`vs_official.py`, `jax_kept`
-    against `jax`) and 1.02-1.07x for pico / tiny Jumbo in other runs, but
-    Non-Deep ViT's steps (6x2 at 224 px, 4x3 at 128 px) kept
-    page-faulting ~1.7 GB a step in most processes, with up to 1.9 GB
-    more peak memory and 0.58-0.77x the images/s (benchmarks/README.md,
-    thirty-seventh session): its recipe passes `with_huge_pages=False`
-    (`ImageRecipe.keep_freed_memory`). It must run before the run's first
-    JAX computation, so `run` calls it first."""
+    was applied: flag "auto", on JAX, with glibc (every image recipe, also
+    in a process started with glibc's malloc on transparent huge pages).
+    On top of huge pages it measured 1.11-1.23x for the official pico
+    Jumbo's training step (`vs_official.py`, `jax_kept` against `jax`) and
+    1.02-1.07x for pico / tiny Jumbo in other runs; NonDeepViT-6x2 at 224
+    px, batch 16, trained at 21.6-23.2 img/s with it against 18.8-21.1
+    without, now that the models' steps wait for their batches
+    (benchmarks/README.md, forty-third session; before that its steps
+    faulted ~1.7 GB each in most processes and its recipe left it out).
+    It must run before the run's first JAX computation, so `run` calls it
+    first."""
     if flag not in ("auto", "default"):
         raise ValueError(
             "`allocator` must be 'auto' or 'default'. "
             f"Received: allocator={flag!r}"
         )
     if flag == "default" or keras.backend.backend() != "jax":
-        return False
-    if not with_huge_pages and kj_runtime.huge_pages_active():
         return False
     return kj_runtime.keep_freed_memory()
 
@@ -529,7 +524,7 @@ def run(recipe, argv=None, description=None, extra_callbacks=()):
     args = parser(recipe, description or recipe.name).parse_args(argv)
     if kj_runtime.huge_pages_active():
         print("allocator: glibc's malloc on transparent huge pages")
-    if apply_allocator(args.allocator, recipe.keep_freed_memory):
+    if apply_allocator(args.allocator):
         print("allocator: freed memory kept in the process (--allocator auto)")
     if args.smoke:
         recipe = recipe.for_smoke()

@@ -144,7 +144,6 @@ def pretrain(variant="6x2", teacher=None, weight=1.0):
         warmup_fraction=5 / 300,
         **common.DEIT,
         wrap_model=wrap,
-        keep_freed_memory=False,
         smoke=dict(SMOKE, epochs=1),
     )
 
@@ -182,10 +181,6 @@ def join(variant="6x2"):
         **common.DEIT,
         callbacks=schedule,
         finish=finish,
-        # The branchy model's JAX steps kept faulting ~1.7 GB each with
-        # `keep_freed_memory()` on top of huge pages
-        # (`common.apply_allocator`); the plain finetune stage keeps it.
-        keep_freed_memory=False,
         smoke=dict(SMOKE, epochs=2),
     )
 

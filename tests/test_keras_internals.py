@@ -338,3 +338,117 @@ def test_models_trace_their_steps_once(monkeypatch, kind):
     assert any(
         not np.allclose(a, b) for a, b in zip(weights, start, strict=True)
     )
+
+
+ON_JAX = keras.backend.backend() == "jax"
+
+
+def _recording_step(drawn):
+    """A step function as Keras' JAX trainer makes them, `(state,
+    iterator) -> (outputs, state)`, that draws two batches and records
+    them."""
+
+    def step(state, iterator):
+        drawn.append(next(iterator))
+        drawn.append(next(iterator))
+        return "outputs", state
+
+    return step
+
+
+def test_jax_waits_for_batches_puts_each_batch_on_the_device(monkeypatch):
+    """With synchronous dispatch, a step gets each batch as device arrays
+    that are ready (so XLA runs it on the calling thread), with the same
+    values, drawn one at a time; otherwise the iterator itself."""
+    drawn = []
+    step = _keras_internals.jax_waits_for_batches(_recording_step(drawn))
+    if not ON_JAX:
+        assert not hasattr(step, "_waits_for_batches")  # left alone
+        return
+    import jax
+
+    assert _keras_internals.jax_waits_for_batches(step) is step  # once
+    assert _keras_internals.jax_waits_for_batches(None) is None
+    rng = np.random.default_rng(0)
+    batches = [
+        (
+            {"images": rng.normal(size=(4, 8, 8, 3)).astype("float32")},
+            rng.integers(0, 3, size=(4,)),
+            None,
+        )
+        for _ in range(3)
+    ]
+    source = iter(batches)
+    monkeypatch.setattr(
+        _keras_internals, "_dispatch_is_synchronous", lambda: True
+    )
+    assert step("state", source) == ("outputs", "state")
+    assert len(drawn) == 2
+    assert len(list(source)) == 1  # the third batch was not drawn early
+    for (inputs, labels, weights), (x, y, _) in zip(
+        drawn, batches[:2], strict=True
+    ):
+        assert isinstance(inputs["images"], jax.Array)
+        assert isinstance(labels, jax.Array)
+        assert inputs["images"].is_ready() and labels.is_ready()
+        assert weights is None
+        np.testing.assert_array_equal(np.asarray(inputs["images"]), x["images"])
+        np.testing.assert_array_equal(np.asarray(labels), y)
+    # A device array passes as it is; the end of the data ends the step.
+    array = jax.numpy.ones((2, 3))
+    drawn.clear()
+    with pytest.raises(StopIteration):
+        step("state", iter([array]))
+    assert drawn == [array] and drawn[0] is array
+    # Asynchronous dispatch (JAX's default): the batches untouched.
+    monkeypatch.setattr(
+        _keras_internals, "_dispatch_is_synchronous", lambda: False
+    )
+    drawn.clear()
+    step("state", iter(batches[:2]))
+    assert drawn[0] is batches[0] and drawn[1] is batches[1]
+
+
+@pytest.mark.parametrize("kind", ["model_class", "distiller"])
+def test_models_train_alike_waiting_for_their_batches(monkeypatch, kind):
+    """The model classes' and distillers' steps wait for their batches on
+    JAX (`WaitsForBatches`); `fit`, `evaluate` and `predict` give the same
+    numbers as without the wait, with `steps_per_execution` 2 too (not on
+    PyTorch)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 16, 16, 3)).astype("float32")
+    y = np.array([0, 1, 2, 1, 0, 2])
+
+    def run(synchronous, steps_per_execution):
+        monkeypatch.setattr(
+            _keras_internals, "_dispatch_is_synchronous", lambda: synchronous
+        )
+        model = _tiny_vit_or_distiller(kind)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+            steps_per_execution=steps_per_execution,
+        )
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)
+        assert (
+            getattr(model.train_function, "_waits_for_batches", False) == ON_JAX
+        )
+        return (
+            model.get_weights(),
+            model.evaluate(x, y, batch_size=2, verbose=0),
+            model.predict(x, batch_size=4, verbose=0),
+        )
+
+    # Keras' PyTorch trainer takes `steps_per_execution` 1 only.
+    for steps_per_execution in (1,) if ON_TORCH else (1, 2):
+        waited = run(True, steps_per_execution)
+        plain = run(False, steps_per_execution)
+        for got, want in zip(waited[0], plain[0], strict=True):
+            assert_allclose(got, want, atol=1e-6, rtol=1e-6)
+        assert_allclose(waited[1], plain[1], atol=1e-6)
+        assert_allclose(waited[2], plain[2], atol=1e-6)
+    start = _tiny_vit_or_distiller(kind).get_weights()
+    assert any(
+        not np.allclose(a, b) for a, b in zip(waited[0], start, strict=True)
+    )

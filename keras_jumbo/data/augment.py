@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_jumbo._keras_internals import WaitsForBatches
 from keras_jumbo._keras_internals import sublayers
 from keras_jumbo.data.host_augment import HostRandAugment
 from keras_jumbo.data.host_augment import HostRandomFlip
@@ -417,7 +418,7 @@ class BatchAugmentation:
         return ops.convert_to_numpy(images), ops.convert_to_numpy(labels)
 
 
-class TrainingModeModel(keras.Model):
+class TrainingModeModel(WaitsForBatches, keras.Model):
     """`layers` applied in order with `training=True`, as a model.
 
     Its `predict_on_batch` runs random augmentation layers (identities at

@@ -9,6 +9,7 @@ from keras import ops
 
 from keras_jumbo._keras_internals import BuildsStateBeforeTracing
 from keras_jumbo._keras_internals import ReleasesAddedLosses
+from keras_jumbo._keras_internals import WaitsForBatches
 from keras_jumbo.losses.distillation import student_teacher_arguments
 from keras_jumbo.losses.distillation import student_teacher_config
 
@@ -67,7 +68,7 @@ def _num_patches(model):
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
 class AttentionMapDistiller(
-    BuildsStateBeforeTracing, ReleasesAddedLosses, keras.Model
+    BuildsStateBeforeTracing, ReleasesAddedLosses, WaitsForBatches, keras.Model
 ):
     """Train a student ViT whose attention maps follow a frozen teacher's.
 

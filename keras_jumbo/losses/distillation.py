@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_jumbo._keras_internals import BuildsStateBeforeTracing
+from keras_jumbo._keras_internals import WaitsForBatches
 from keras_jumbo.layers._utils import check_positive_int
 
 
@@ -82,7 +83,7 @@ class FunctionMatchingKL(keras.losses.Loss):
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
-class Distiller(BuildsStateBeforeTracing, keras.Model):
+class Distiller(BuildsStateBeforeTracing, WaitsForBatches, keras.Model):
     """Train a student to match a frozen teacher (function matching).
 
     `Distiller(student, teacher)` behaves as the student at inference

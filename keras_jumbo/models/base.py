@@ -17,6 +17,7 @@ from keras_jumbo import runtime
 from keras_jumbo._keras_internals import BuildsStateBeforeTracing
 from keras_jumbo._keras_internals import CallsLayersDirectly
 from keras_jumbo._keras_internals import ReleasesAddedLosses
+from keras_jumbo._keras_internals import WaitsForBatches
 from keras_jumbo._keras_internals import collect_garbage_once
 from keras_jumbo._keras_internals import jax_jit_options
 from keras_jumbo._keras_internals import sublayers
@@ -120,6 +121,7 @@ class ConfiguredModel(
     BuildsStateBeforeTracing,
     ReleasesAddedLosses,
     CallsLayersDirectly,
+    WaitsForBatches,
     keras.Model,
 ):
     """A functional model whose config is its constructor's arguments.
