@@ -107,11 +107,11 @@ def keep_freed_memory():
     (`restart_with_huge_pages`) cuts the faults another way, on every
     backend and without the small steps' slowdown. The image recipes on
     JAX use both: on top of huge pages this measured 1.11-1.23x for the
-    official pico Jumbo's training step and 1.02-1.07x in other runs, and
-    1.07-1.14x for NonDeepViT-6x2 at 224 px, batch 16 (whose steps, before
-    the models waited for their batches, faulted ~1.7 GB each in most
-    processes; benchmarks/README.md, thirty-seventh and forty-third
-    sessions).
+    official pico Jumbo's training step and 1.02-1.07x in other runs; for
+    NonDeepViT-6x2 at 224 px, batch 16, 1.14x in one `throughput.py` run
+    and the same rate in a `fit` A/B (whose steps, before the models
+    waited for their batches, faulted ~1.7 GB each in most processes;
+    benchmarks/README.md, thirty-seventh and forty-third sessions).
 
     Call it before the first JAX computation (after `import keras` is
     fine): JAX reads the dispatch setting when it creates its CPU client,
