@@ -43,8 +43,8 @@ def test_sets_one_arena_no_mmap_and_no_trimming(monkeypatch, dispatch_calls):
     monkeypatch.setattr(runtime, "_glibc", lambda: libc)
     assert runtime.keep_freed_memory() is True
     # glibc's parameter numbers (malloc.h): M_ARENA_MAX -8, M_MMAP_MAX -4,
-    # M_TRIM_THRESHOLD -1; the threshold is the largest C int.
-    assert libc.calls == [(-8, 1), (-4, 0), (-1, 2**31 - 1)]
+    # M_TRIM_THRESHOLD -1; a threshold of -1 is mallopt(3)'s "never trim".
+    assert libc.calls == [(-8, 1), (-4, 0), (-1, -1)]
     # JAX's computations then run on the calling thread; other backends
     # are left alone.
     assert dispatch_calls == (
@@ -135,6 +135,70 @@ def test_a_jax_step_stops_mapping_and_faulting_its_buffer_in():
     # No block as large as the buffer was ever mapped on its own.
     assert kept_mapped < _BUFFER // 4, kept_mapped
     assert sorted(kept)[len(kept) // 2] < 1_000, kept  # the median
+
+
+# A block larger than 2 GiB (the largest positive trim threshold
+# `mallopt` takes), written, freed, allocated and written again. Prints
+# the resident MB before and after the free and the minor page faults of
+# the second write.
+_LARGE_BLOCK = """
+import ctypes, resource, sys
+from keras_jumbo import runtime
+if sys.argv[1] == "keep":
+    assert runtime.keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+n = 2_400_000_000
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() // 2**20
+block = libc.malloc(n)
+ctypes.memset(block, 1, n)
+held = resident_mb()
+libc.free(block)
+freed = resident_mb()
+block = libc.malloc(n)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+ctypes.memset(block, 2, n)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(held, freed, faults, flush=True)
+"""
+
+
+@pytest.mark.once
+def test_freed_memory_is_kept_above_2_gib():
+    """A freed block larger than 2 GiB stays in the process and is reused
+    (MS-PatchTST's ~4.2 GB step buffer at 26 channels, batch 64); with
+    glibc's defaults it goes back to the kernel and faults in again."""
+    if runtime._glibc() is None:
+        return
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=ROOT)
+    for name in (
+        "MALLOC_ARENA_MAX",
+        "MALLOC_MMAP_MAX_",
+        "MALLOC_TRIM_THRESHOLD_",
+    ):
+        env.pop(name, None)
+    numbers = {}
+    for mode in ("default", "keep"):
+        out = subprocess.run(
+            [sys.executable, "-c", _LARGE_BLOCK, mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        numbers[mode] = [int(n) for n in out.stdout.split()[-3:]]
+    held, freed, faults = numbers["default"]
+    assert held > 2200 and freed < held - 2000, numbers
+    # 2.4 GB are 586,000 pages of 4 KiB (1,145 of 2 MiB on huge pages).
+    assert faults > 1_000, numbers
+    held, freed, faults = numbers["keep"]
+    assert held > 2200 and freed > held - 100, numbers
+    assert faults < 100, numbers
 
 
 # --- XLA compiler options of the models' JAX steps -------------------------
