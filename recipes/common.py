@@ -202,8 +202,9 @@ def add_huge_pages_argument(parser):
         help="auto: run as a script, start again with glibc's malloc on "
         "transparent huge pages first (keras_jumbo.runtime."
         "restart_with_huge_pages; e.g. the PatchTST forecaster's and "
-        "MS-PatchTST's training steps ~1.2x faster on 2 CPU cores); "
-        "default: glibc's defaults",
+        "MS-PatchTST's training steps ~1.2x faster on 2 CPU cores; "
+        "the time-series --fusion-study on JAX also keeps freed memory, "
+        "keras_jumbo.runtime.keep_freed_memory); default: glibc's defaults",
     )
 
 
@@ -236,8 +237,9 @@ def allocator_label(kept):
 
 def apply_allocator(flag):
     """`--allocator`: True when `keras_jumbo.runtime.keep_freed_memory`
-    was applied: flag "auto", on JAX, with glibc (every image recipe, also
-    in a process started with glibc's malloc on transparent huge pages).
+    was applied: flag "auto", on JAX, with glibc (every image recipe and
+    the time-series recipe's MS-PatchTST fusion study, also in a process
+    started with glibc's malloc on transparent huge pages).
     On top of huge pages it measured 1.11-1.23x for the official pico
     Jumbo's training step (`vs_official.py`, `jax_kept` against `jax`) and
     1.02-1.07x for pico / tiny Jumbo in other runs; NonDeepViT-6x2 at 224

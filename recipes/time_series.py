@@ -906,6 +906,13 @@ def main(argv=None):
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args(argv)
     if args.fusion_study:
+        if not args.from_records:
+            # Its MS-PatchTST steps keep their buffers on JAX (~4.2 GB at
+            # 26 channels, batch 64): `fit` 1.03-1.11x at 26 channels and
+            # 1.05-1.09x at 1, on top of huge pages (benchmarks/README.md,
+            # forty-fourth session). The classification sweep's small
+            # steps are slower with it and leave the allocator alone.
+            common.apply_allocator(args.allocator)
         write_fusion_results(args.fusion_study, args)
         return 0
     if args.smoke:

@@ -189,6 +189,28 @@ def test_fusion_study_reuses_matching_records_and_lists_missing(tmp_path):
     assert "**Default:** per_horizon_step beat(s) `per_step`" in text
 
 
+@pytest.mark.parametrize(
+    "extra, allocator",
+    [
+        ([], ["auto"]),
+        (["--allocator", "default"], ["default"]),
+        (["--from-records"], []),
+    ],
+)
+def test_fusion_study_applies_the_allocator_flag_when_it_trains(
+    monkeypatch, tmp_path, extra, allocator
+):
+    """The fusion study keeps freed memory (`--allocator auto`, JAX) before
+    it trains; writing its document from records changes nothing."""
+    calls = []
+    monkeypatch.setattr(
+        recipe.common, "apply_allocator", lambda flag: calls.append(flag)
+    )
+    monkeypatch.setattr(recipe, "write_fusion_results", lambda path, args: {})
+    assert recipe.main(["--fusion-study", str(tmp_path / "f.md"), *extra]) == 0
+    assert calls == allocator
+
+
 def test_fusion_default_stays_unless_beaten_beyond_std_on_every_set():
     def row(mse, std):
         return {"mse": (mse, std), "n": 3}
