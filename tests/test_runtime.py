@@ -87,8 +87,9 @@ ctypes.CDLL("libc.so.6").malloc_stats()
 _BUFFER = 8192 * 8192 * 4
 
 
-def _run_faults(mode):
-    """(asynchronous dispatch, faults per call, max mmap bytes)."""
+def _run_script(script, mode):
+    """`script` run by a fresh Python on JAX with argument `mode`, without
+    the environment's malloc settings; its finished process."""
     env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=ROOT)
     for name in (
         "MALLOC_ARENA_MAX",
@@ -97,13 +98,19 @@ def _run_faults(mode):
     ):
         env.pop(name, None)
     out = subprocess.run(
-        [sys.executable, "-c", _FAULTS, mode],
+        [sys.executable, "-c", script, mode],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _run_faults(mode):
+    """(asynchronous dispatch, faults per call, max mmap bytes)."""
+    out = _run_script(_FAULTS, mode)
     lines = out.stdout.split("\n")
     mapped = re.search(r"max mmap bytes\s*=\s*(\d+)", out.stderr)
     return (
@@ -174,23 +181,9 @@ def test_freed_memory_is_kept_above_2_gib():
     glibc's defaults it goes back to the kernel and faults in again."""
     if runtime._glibc() is None:
         return
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=ROOT)
-    for name in (
-        "MALLOC_ARENA_MAX",
-        "MALLOC_MMAP_MAX_",
-        "MALLOC_TRIM_THRESHOLD_",
-    ):
-        env.pop(name, None)
     numbers = {}
     for mode in ("default", "keep"):
-        out = subprocess.run(
-            [sys.executable, "-c", _LARGE_BLOCK, mode],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
+        out = _run_script(_LARGE_BLOCK, mode)
         numbers[mode] = [int(n) for n in out.stdout.split()[-3:]]
     held, freed, faults = numbers["default"]
     assert held > 2200 and freed < held - 2000, numbers
