@@ -28,11 +28,9 @@ import keras
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
 M_ARENA_MAX = -8
-# A trim threshold of -1 turns trimming off altogether (mallopt(3)). The
-# largest positive one `mallopt`'s C int can take, 2 GiB, is not enough:
-# a step whose temporary buffer is larger (MS-PatchTST at 26 channels,
-# batch 64: ~4.2 GB) frees it onto the top of the heap, above the
-# threshold, and glibc hands it back to the kernel after every step.
+# A trim threshold of -1 turns trimming off altogether (mallopt(3)); the
+# largest positive one, 2 GiB, is below some steps' buffers
+# (`keep_freed_memory`'s docstring).
 _NEVER_TRIM = -1
 SETTINGS = (
     (M_ARENA_MAX, 1),
@@ -110,8 +108,8 @@ def keep_freed_memory():
     Trimming is off altogether (`M_TRIM_THRESHOLD` -1), not only below the
     2 GiB a positive threshold can reach: with that threshold (earlier
     versions of this function) a buffer above it was handed back after
-    every step (MS-PatchTST, 3 scales, width 64, 26 channels, batch 64: ~4.2 GB,
-    ~1.07 M faults a step, 4.6 s a `train_on_batch` step, as slow as
+    every step (MS-PatchTST, 3 scales, width 64, 26 channels, batch 64:
+    ~4.2 GB, ~1.07 M faults a step, 4.6 s a `train_on_batch` step, as slow as
     glibc's defaults; now 0-1,000 faults and 3.5 s; on huge pages 3.4 s
     against 3.75 s for huge pages alone, where the old threshold also
     reached a 9 GB peak).
