@@ -43,6 +43,15 @@ SgemmBatch sgemm_batch = nullptr;
 SetThreadsLocal set_threads_local = nullptr;
 int chunks_per_thread = 2;
 std::atomic<long long> handler_ns{0}, calls{0}, chunks{0}, caller_chunks{0};
+// Wall time with at least one call running (overlapping calls once).
+std::atomic<int> active{0};
+std::atomic<long long> busy_since{0}, busy_ns{0};
+
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 struct Gemm {
   const float* a;
@@ -122,6 +131,7 @@ ffi::Error GemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a,
                       "mkl_gemm: set_blas was not called");
   }
   const auto start = std::chrono::steady_clock::now();
+  if (active.fetch_add(1) == 0) busy_since = now_ns();
   auto gemm = std::make_shared<Gemm>();
   gemm->a = a.typed_data();
   gemm->b = b.typed_data();
@@ -152,6 +162,10 @@ ffi::Error GemmImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a,
   }
   chunks += parts;
   calls += 1;
+  {
+    const long long since = busy_since.load();
+    if (active.fetch_sub(1) == 1) busy_ns += now_ns() - since;
+  }
   handler_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - start)
                     .count();
@@ -167,9 +181,11 @@ void set_blas(void* gemm, void* gemm_batch, void* threads_local, int chunks) {
   set_threads_local = reinterpret_cast<SetThreadsLocal>(threads_local);
   chunks_per_thread = std::max(1, chunks);
 }
-// Totals since the start: nanoseconds inside the handler, calls, chunks,
-// and chunks the calling thread ran itself.
+// Totals since the start: nanoseconds inside the handler (summed over
+// calls), wall nanoseconds with a call running, calls, chunks, and chunks
+// the calling thread ran itself.
 long long mkl_handler_ns() { return handler_ns.load(); }
+long long mkl_busy_ns() { return busy_ns.load(); }
 long long mkl_calls() { return calls.load(); }
 long long mkl_chunks() { return chunks.load(); }
 long long mkl_caller_chunks() { return caller_chunks.load(); }

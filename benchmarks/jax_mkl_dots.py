@@ -15,10 +15,12 @@ XLA's. Per round, interleaved in one process, medians of `--steps` calls:
   variable in the same jitted function, as any training step has.
 
 It prints XLA's and MKL's milliseconds, XLA / MKL (above 1: MKL faster),
-the time spent inside the MKL handler per step, the share of chunks the
-calling thread ran itself (the rest XLA's pool threads took), and the
-largest relative differences of the outputs (zero-initialised variables
-randomised first).
+per step the milliseconds inside the MKL calls summed over the calls
+(`MKL sum`; calls on two threads at once count twice) and the wall time
+with at least one call running (`MKL wall`), the calls, the share of
+their chunks the calling thread ran itself (XLA's pool threads took the
+rest), and the largest relative differences of the outputs
+(zero-initialised variables randomised first).
 
     KERAS_BACKEND=jax python benchmarks/jax_mkl_dots.py [--rounds 3]
 
@@ -41,6 +43,13 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = "keras_jumbo_benchmark_mkl_gemm"
+COUNTERS = (
+    "mkl_handler_ns",
+    "mkl_busy_ns",
+    "mkl_calls",
+    "mkl_chunks",
+    "mkl_caller_chunks",
+)
 # Sub-jaxprs the interpreter below walks into (the products inside them
 # are replaced too); any other primitive is bound as it is.
 CALL_PARAMS = {
@@ -378,20 +387,14 @@ def main(argv=None):
         difference = _largest_difference(on_xla(*args), mkl(*args))
         compiled[name] = (on_xla, mkl, difference)
     times = {name: ([], [], [], []) for name, *_ in cases}
-    counters = (
-        "mkl_handler_ns",
-        "mkl_calls",
-        "mkl_chunks",
-        "mkl_caller_chunks",
-    )
     for _ in range(ARGS.rounds):
         for name, _, args, _ in cases:
             on_xla, mkl, _ = compiled[name]
             xla_ms, mkl_ms, inside, busy = times[name]
             xla_ms.append(_median_ms(on_xla, args, ARGS.steps))
-            before = [getattr(handler, c)() for c in counters]
+            before = [getattr(handler, c)() for c in COUNTERS]
             mkl_ms.append(_median_ms(mkl, args, ARGS.steps))
-            after = [getattr(handler, c)() for c in counters]
+            after = [getattr(handler, c)() for c in COUNTERS]
             busy.append((xla_ms[-1][1], mkl_ms[-1][1]))
             xla_ms[-1], mkl_ms[-1] = xla_ms[-1][0], mkl_ms[-1][0]
             inside.append(
@@ -408,15 +411,19 @@ def main(argv=None):
     )
     print(
         f"{'step':16s} {'XLA ms':>8s} {'MKL ms':>8s} {'XLA/MKL':>8s} "
-        f"{'in MKL ms':>10s} {'calls':>6s} {'caller':>7s} {'max rel diff':>13s}"
+        f"{'MKL sum':>8s} {'MKL wall':>8s} {'calls':>6s} {'caller':>7s} "
+        f"{'max rel diff':>13s}"
     )
     for name, *_ in cases:
         xla_ms, mkl_ms, inside, busy = times[name]
-        handler_ns, calls, chunks, caller = np.median(np.array(inside), axis=0)
+        handler_ns, busy_ns, calls, chunks, caller = np.median(
+            np.array(inside), axis=0
+        )
         xla_median, mkl_median = np.median(xla_ms), np.median(mkl_ms)
         print(
             f"{name:16s} {xla_median:8.1f} {mkl_median:8.1f} "
-            f"{xla_median / mkl_median:8.2f} {handler_ns / 1e6:10.1f} "
+            f"{xla_median / mkl_median:8.2f} {handler_ns / 1e6:8.1f} "
+            f"{busy_ns / 1e6:8.1f} "
             f"{calls:6.0f} {caller / max(chunks, 1):7.0%} "
             f"{compiled[name][2]:13.1e}"
         )
