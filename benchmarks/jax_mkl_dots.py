@@ -69,8 +69,13 @@ def build_handler(workdir):
     """Compiles `_mkl_gemm.cc`, loads it with PyTorch's MKL and registers
     it with XLA; returns the loaded library (its counters)."""
     import jax
-    import torch
 
+    try:
+        import torch
+    except ImportError as error:
+        raise SystemExit(
+            "jax_mkl_dots.py needs PyTorch (for its MKL)"
+        ) from error
     compiler = (
         os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     )
@@ -97,6 +102,10 @@ def build_handler(workdir):
     torch_cpu = ctypes.CDLL(
         os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
     )
+    if not hasattr(torch_cpu, "sgemm_batch_"):
+        raise SystemExit(
+            "jax_mkl_dots.py needs a PyTorch built with MKL (x86-64 CPU wheels)"
+        )
     handler = ctypes.CDLL(library)
     handler.set_blas.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int]
     handler.set_blas(
