@@ -20,7 +20,7 @@ per step the milliseconds inside the MKL calls summed over the calls
 with at least one call running (`MKL wall`), the calls, the share of
 their chunks the calling thread ran itself (XLA's pool threads took the
 rest), and the largest relative differences of the outputs
-(zero-initialised variables randomised first).
+(every weight randomised first, `keras_jumbo.testing.randomize_weights`).
 
     KERAS_BACKEND=jax python benchmarks/jax_mkl_dots.py [--rounds 3]
 
@@ -65,7 +65,7 @@ CALL_PARAMS = {
 }
 
 
-def build_handler(workdir):
+def build_handler(workdir, chunks):
     """Compiles `_mkl_gemm.cc`, loads it with PyTorch's MKL and registers
     it with XLA; returns the loaded library (its counters)."""
     import jax
@@ -113,7 +113,7 @@ def build_handler(workdir):
         ctypes.cast(torch_cpu.sgemm_batch_, ctypes.c_void_p),
         # The Fortran entry: the thread count by pointer.
         ctypes.cast(torch_cpu.mkl_set_num_threads_local_, ctypes.c_void_p),
-        ARGS.chunks,
+        chunks,
     )
     for name in (
         "mkl_handler_ns",
@@ -315,7 +315,6 @@ def _largest_difference(a, b):
 
 
 def main(argv=None):
-    global ARGS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="pico")
     parser.add_argument("--image-size", type=int, default=128)
@@ -326,9 +325,9 @@ def main(argv=None):
     parser.add_argument(
         "--chunks", type=int, default=2, help="MKL chunks per XLA thread"
     )
-    ARGS = parser.parse_args(argv)
+    opts = parser.parse_args(argv)
     for name in ("rounds", "steps", "chunks"):
-        if getattr(ARGS, name) < 1:
+        if getattr(opts, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
 
     import jax
@@ -338,33 +337,29 @@ def main(argv=None):
     if keras.backend.backend() != "jax":
         raise SystemExit("jax_mkl_dots.py measures JAX: KERAS_BACKEND=jax")
     from keras_jumbo import convert
+    from keras_jumbo import testing
 
     workdir = tempfile.mkdtemp(prefix="jax_mkl_dots_")
     try:
-        handler = build_handler(workdir)
+        handler = build_handler(workdir, opts.chunks)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
     model = convert.official_jumbo_model(
-        ARGS.size, image_size=ARGS.image_size, num_classes=1000
+        opts.size, image_size=opts.image_size, num_classes=1000
     )
+    testing.randomize_weights(model)  # no zero head, no identity norms
     rng = np.random.default_rng(0)
-    for variable in model.weights:  # the zero-initialised head, biases
-        value = np.asarray(variable.value)
-        if value.dtype == np.float32 and not value.any():
-            variable.assign(
-                rng.normal(0.0, 0.02, value.shape).astype("float32")
-            )
     trainable = [v.value for v in model.trainable_variables]
     fixed = [v.value for v in model.non_trainable_variables]
-    size = ARGS.image_size
+    size = opts.image_size
     x = jax.numpy.asarray(
-        rng.normal(size=(ARGS.batch, size, size, 3)).astype("float32")
+        rng.normal(size=(opts.batch, size, size, 3)).astype("float32")
     )
     xt = jax.numpy.asarray(
-        rng.normal(size=(ARGS.train_batch, size, size, 3)).astype("float32")
+        rng.normal(size=(opts.train_batch, size, size, 3)).astype("float32")
     )
-    yt = jax.numpy.asarray(rng.integers(0, 1000, ARGS.train_batch))
+    yt = jax.numpy.asarray(rng.integers(0, 1000, opts.train_batch))
 
     def forward(weights, x):
         return model.stateless_call(weights, fixed, x, training=False)[0]
@@ -386,9 +381,9 @@ def main(argv=None):
         ]
 
     cases = [
-        ("forward", forward, (trainable, x), ARGS.batch),
-        ("gradient", gradient, (trainable, xt, yt), ARGS.train_batch),
-        ("gradient + SGD", sgd_step, (trainable, xt, yt), ARGS.train_batch),
+        ("forward", forward, (trainable, x), opts.batch),
+        ("gradient", gradient, (trainable, xt, yt), opts.train_batch),
+        ("gradient + SGD", sgd_step, (trainable, xt, yt), opts.train_batch),
     ]
     compiled = {}
     for name, function, args, _ in cases:
@@ -396,26 +391,26 @@ def main(argv=None):
         difference = _largest_difference(on_xla(*args), mkl(*args))
         compiled[name] = (on_xla, mkl, difference)
     times = {name: ([], [], [], []) for name, *_ in cases}
-    for _ in range(ARGS.rounds):
+    for _ in range(opts.rounds):
         for name, _, args, _ in cases:
             on_xla, mkl, _ = compiled[name]
             xla_ms, mkl_ms, inside, busy = times[name]
-            xla_ms.append(_median_ms(on_xla, args, ARGS.steps))
+            xla_ms.append(_median_ms(on_xla, args, opts.steps))
             before = [getattr(handler, c)() for c in COUNTERS]
-            mkl_ms.append(_median_ms(mkl, args, ARGS.steps))
+            mkl_ms.append(_median_ms(mkl, args, opts.steps))
             after = [getattr(handler, c)() for c in COUNTERS]
             busy.append((xla_ms[-1][1], mkl_ms[-1][1]))
             xla_ms[-1], mkl_ms[-1] = xla_ms[-1][0], mkl_ms[-1][0]
             inside.append(
                 [
-                    (b - a) / ARGS.steps
+                    (b - a) / opts.steps
                     for a, b in zip(before, after, strict=True)
                 ]
             )
     print(
-        f"{ARGS.size}, {ARGS.image_size} px, forward batch {ARGS.batch}, "
-        f"training batch {ARGS.train_batch}; {ARGS.rounds} rounds of "
-        f"{ARGS.steps} calls; distinct products left on XLA: "
+        f"{opts.size}, {opts.image_size} px, forward batch {opts.batch}, "
+        f"training batch {opts.train_batch}; {opts.rounds} rounds of "
+        f"{opts.steps} calls; distinct products left on XLA: "
         f"{len(set(map(str, FALLBACKS)))}"
     )
     print(
@@ -446,7 +441,6 @@ def main(argv=None):
         )
 
 
-ARGS = None
 FALLBACKS = []
 
 if __name__ == "__main__":
