@@ -1,6 +1,23 @@
-"""Ratios over interleaved rounds, shared by the benchmark scripts."""
+"""Timing and ratios over interleaved rounds, shared by the benchmark
+scripts."""
 
 import statistics
+import time
+
+
+def median_ms(function, *args, calls=21):
+    """The median milliseconds of `calls` calls of `function(*args)` (a
+    JAX function), each waited for (`jax.block_until_ready`), after one
+    call that compiles and warms it."""
+    import jax
+
+    jax.block_until_ready(function(*args))
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(function(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
 
 
 def round_ratio(rates, base_rates):

@@ -20,27 +20,16 @@ dominated. Prints ms per call and ratios for
 
 import argparse
 import os
-import time
 
 os.environ["KERAS_BACKEND"] = "jax"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _rounds import median_ms  # noqa: E402
 
 from keras_jumbo.layers import BlockwiseMHSA  # noqa: E402
 from keras_jumbo.layers import MultiHeadSelfAttention  # noqa: E402
-
-
-def timed(fn, *args, repeats=21):
-    """Median ms per call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return sorted(times)[repeats // 2] * 1e3
 
 
 def layer_fn(layer, x, training=False):
@@ -101,13 +90,13 @@ def main(argv=None):
         return jnp.einsum("bhqk,hkd->bqd", heads, w_out.reshape(h, k, d))
 
     one = {
-        "sliced + dot_product_attention": timed(sliced_dpa, x),
-        "sliced + einsums": timed(sliced_einsum, x),
-        "heads-first einsums": timed(heads_first, x),
-        "MultiHeadSelfAttention (library, inference)": timed(
+        "sliced + dot_product_attention": median_ms(sliced_dpa, x),
+        "sliced + einsums": median_ms(sliced_einsum, x),
+        "heads-first einsums": median_ms(heads_first, x),
+        "MultiHeadSelfAttention (library, inference)": median_ms(
             layer_fn(MultiHeadSelfAttention(h), x), x
         ),
-        "MultiHeadSelfAttention (library, training)": timed(
+        "MultiHeadSelfAttention (library, training)": median_ms(
             layer_fn(MultiHeadSelfAttention(h), x, training=True), x
         ),
     }
@@ -153,9 +142,11 @@ def main(argv=None):
         return out
 
     two = {
-        "5-D einsums, join on score tensors": timed(five_d, x),
-        "branch by branch, joined scores as one matmul": timed(by_branch, x),
-        "BlockwiseMHSA n=2 (library)": timed(
+        "5-D einsums, join on score tensors": median_ms(five_d, x),
+        "branch by branch, joined scores as one matmul": median_ms(
+            by_branch, x
+        ),
+        "BlockwiseMHSA n=2 (library)": median_ms(
             layer_fn(BlockwiseMHSA(h, num_branches=n), x), x
         ),
     }

@@ -34,9 +34,10 @@ A measurement, not a library feature: results and what they say in
 import argparse
 import os
 import statistics
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
+
+from _rounds import median_ms  # noqa: E402
 
 LAYOUTS = ("in_out", "out_in")
 
@@ -104,18 +105,6 @@ def in_layout(weights, layout):
         )
         for g, b, w1, b1, w2, b2 in weights
     ]
-
-
-def milliseconds(fn, args, steps):
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def largest_difference(a, b):
@@ -186,7 +175,8 @@ def measure(size, shared, opts, rng):
         order = LAYOUTS if round_index % 2 == 0 else LAYOUTS[::-1]
         for layout in order:
             for step, (fn, args) in runs[layout].items():
-                times[(layout, step)].append(milliseconds(fn, args, opts.steps))
+                ms = median_ms(fn, *args, calls=opts.steps)
+                times[(layout, step)].append(ms)
     rows = []
     for step in ("forward", "gradient"):
         a = statistics.median(times[("in_out", step)])
