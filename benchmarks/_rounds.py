@@ -1,5 +1,5 @@
-"""Timing and ratios over interleaved rounds, shared by the benchmark
-scripts."""
+"""Timing, ratios over interleaved rounds and output differences, shared
+by the benchmark scripts."""
 
 import statistics
 import time
@@ -18,6 +18,20 @@ def median_ms(function, *args, calls=21):
         jax.block_until_ready(function(*args))
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def largest_relative_difference(a, b):
+    """The largest `|a - b|` over the leaves of two pytrees of arrays of
+    the same structure, each relative to its leaf's largest `|a|`."""
+    import jax
+    import numpy as np
+
+    worst = 0.0
+    for left, right in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        left, right = np.asarray(left), np.asarray(right)
+        scale = max(float(np.abs(left).max()), 1e-30)
+        worst = max(worst, float(np.abs(left - right).max()) / scale)
+    return worst
 
 
 def round_ratio(rates, base_rates):

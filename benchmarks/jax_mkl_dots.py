@@ -41,6 +41,8 @@ import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+from _rounds import largest_relative_difference  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET = "keras_jumbo_benchmark_mkl_gemm"
 COUNTERS = (
@@ -302,18 +304,6 @@ def _median_ms(function, args, steps):
     return float(np.median(times)) * 1e3, busy
 
 
-def _largest_difference(a, b):
-    import jax
-    import numpy as np
-
-    worst = 0.0
-    for left, right in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        left, right = np.asarray(left), np.asarray(right)
-        scale = max(float(np.abs(left).max()), 1e-30)
-        worst = max(worst, float(np.abs(left - right).max()) / scale)
-    return worst
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="pico")
@@ -388,7 +378,7 @@ def main(argv=None):
     compiled = {}
     for name, function, args, _ in cases:
         on_xla, mkl = jax.jit(function), jax.jit(on_mkl(function))
-        difference = _largest_difference(on_xla(*args), mkl(*args))
+        difference = largest_relative_difference(on_xla(*args), mkl(*args))
         compiled[name] = (on_xla, mkl, difference)
     times = {name: ([], [], [], []) for name, *_ in cases}
     for _ in range(opts.rounds):

@@ -37,6 +37,7 @@ import statistics
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+from _rounds import largest_relative_difference  # noqa: E402
 from _rounds import median_ms  # noqa: E402
 
 LAYOUTS = ("in_out", "out_in")
@@ -107,20 +108,6 @@ def in_layout(weights, layout):
     ]
 
 
-def largest_difference(a, b):
-    """The largest `|a - b|` over every leaf, relative to the leaf's
-    largest `|a|`."""
-    import jax
-    import numpy as np
-
-    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-    return max(
-        float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-        / max(float(np.max(np.abs(np.asarray(x)))), 1e-30)
-        for x, y in zip(leaves_a, leaves_b, strict=True)
-    )
-
-
 def as_in_out(grads, layout):
     """Gradients of the `(out, in)` weights transposed back, to compare."""
     if layout == "in_out":
@@ -169,7 +156,7 @@ def measure(size, shared, opts, rng):
         )
         for layout, run in runs.items()
     }
-    difference = largest_difference(outputs["in_out"], outputs["out_in"])
+    difference = largest_relative_difference(*outputs.values())
     times = {(layout, step): [] for layout in LAYOUTS for step in runs[layout]}
     for round_index in range(opts.rounds):
         order = LAYOUTS if round_index % 2 == 0 else LAYOUTS[::-1]
