@@ -87,25 +87,17 @@ def make_weights(rng, width, hidden, count):
 
 
 def in_layout(weights, layout):
-    """The `(in, out)` weights as JAX arrays in `layout`, contiguous."""
+    """The `(in, out)` weights as JAX arrays in `layout`, contiguous: the
+    kernels are each layer's entries 2 and 4."""
     import jax.numpy as jnp
     import numpy as np
 
-    def kernel(w):
-        w = w if layout == "in_out" else np.ascontiguousarray(w.T)
+    def array(index, w):
+        if index in (2, 4) and layout == "out_in":
+            w = np.ascontiguousarray(w.T)
         return jnp.asarray(w)
 
-    return [
-        (
-            jnp.asarray(g),
-            jnp.asarray(b),
-            kernel(w1),
-            jnp.asarray(b1),
-            kernel(w2),
-            jnp.asarray(b2),
-        )
-        for g, b, w1, b1, w2, b2 in weights
-    ]
+    return [tuple(array(i, w) for i, w in enumerate(ws)) for ws in weights]
 
 
 def as_in_out(grads, layout):
