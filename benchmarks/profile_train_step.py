@@ -13,7 +13,7 @@ exceed the step's wall time; the shares are of the summed time.
 
     KERAS_BACKEND=jax python benchmarks/profile_train_step.py \\
         [--model official_jumbo_pico] [--batch 32] [--image-size 128] \\
-        [--step train|predict]
+        [--step train|predict] [--dtype float32|mixed_bfloat16]
 
 Models: `official_jumbo_pico` (the `vs_official.py` model), `vit_pico`,
 `registers_pico`, `non_deep_6x2` (224 px in the paper; any size here) and
@@ -208,6 +208,9 @@ def profile(args):
 
     if keras.backend.backend() != "jax":
         raise SystemExit("This profile reads XLA traces: KERAS_BACKEND=jax.")
+    # The model's layers take the global policy (`mixed_bfloat16`: float32
+    # variables, bfloat16 compute).
+    keras.mixed_precision.set_dtype_policy(args.dtype)
     model = build(args.model, args.image_size, args.num_classes)
     x, y, loss = batch_for(model, args.batch)
     model.compile(optimizer=optimizers.AdamW(1e-3), loss=loss)
@@ -391,6 +394,12 @@ def main(argv=None):
         help="classifiers: defaults to 1000 for the named models above, "
         "else the registered default",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "mixed_bfloat16", "mixed_float16"),
+        default="float32",
+        help="the Keras dtype policy the model is built under",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args(argv)
@@ -399,7 +408,7 @@ def main(argv=None):
     print(
         f"{args.model}, batch {args.batch}, input "
         f"{tuple(model.input_shape[1:])}, {model.count_params():,} "
-        f"parameters, {os.cpu_count()} CPU cores"
+        f"parameters, {args.dtype}, {os.cpu_count()} CPU cores"
     )
     print("\n".join(tables(result, args.top)))
     return 0

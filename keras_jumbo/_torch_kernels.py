@@ -70,6 +70,8 @@ import weakref
 import keras
 from keras import ops
 
+from keras_jumbo._half_precision import matmul
+
 
 def torch_tensors(*tensors):
     """Whether the backend is PyTorch and every non-None argument is a
@@ -136,7 +138,10 @@ def linear(x, kernel, bias=None):
     one process, interleaved (official Jumbo pico, 128 px, batch 32,
     `train_on_batch`): JAX 259-264 -> 231-237 ms per step, TensorFlow + XLA
     236 -> 228 ms; inference and TensorFlow without XLA unchanged
-    (benchmarks/README.md, "A dense layer's kernel gradient, 2-D").
+    (benchmarks/README.md, "A dense layer's kernel gradient, 2-D"). The
+    product is `keras_jumbo._half_precision.matmul`: on JAX's CPU a
+    bfloat16 / float16 product accumulates in float32 on the CPU's
+    half-precision kernels.
     """
     if torch_tensors(x, kernel, bias) and len(kernel.shape) == 2:
         from torch.nn import functional
@@ -155,13 +160,10 @@ def linear(x, kernel, bias=None):
         or len(kernel.shape) != 2
         or not all(isinstance(d, int) for d in inner)
     ):
-        y = ops.matmul(x, kernel)
-        return y if bias is None else y + bias
+        return matmul(x, kernel, bias)
     # A static batch size is kept so that empty inputs reshape back too.
     batch = x.shape[0] if isinstance(x.shape[0], int) else -1
-    y = ops.matmul(ops.reshape(x, (-1, kernel.shape[0])), kernel)
-    if bias is not None:
-        y = y + bias
+    y = matmul(ops.reshape(x, (-1, kernel.shape[0])), kernel, bias)
     return ops.reshape(y, (batch, *inner, kernel.shape[1]))
 
 

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._half_precision import in_float32
 from keras_jumbo._keras_internals import dense_weights
 from keras_jumbo._torch_kernels import exact_gelu
 from keras_jumbo._torch_kernels import linear
@@ -24,11 +25,16 @@ def gelu(x):
     (`_torch_kernels.exact_gelu`): eager PyTorch runs the erf form as
     five element-wise kernels and one fused kernel is 10-20% of a pico
     ViT's inference there; exports always trace the TensorFlow backend,
-    so they keep the erf form.
+    so they keep the erf form. A bfloat16 / float16 input is computed in
+    float32 and rounded once (`keras_jumbo._half_precision.in_float32`),
+    as PyTorch's `F.gelu` does.
     """
     if keras.backend.backend() == "torch":
         return exact_gelu(x)
-    x = ops.convert_to_tensor(x)
+    return in_float32(_erf_gelu, ops.convert_to_tensor(x))
+
+
+def _erf_gelu(x):
     return 0.5 * x * (1.0 + ops.erf(x * _SQRT_HALF))
 
 

@@ -3,6 +3,8 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._half_precision import einsum
+from keras_jumbo._half_precision import matmul
 from keras_jumbo._torch_kernels import dot_product_attention
 from keras_jumbo._torch_kernels import reshape
 from keras_jumbo._torch_kernels import unstack
@@ -253,10 +255,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         for width in widths:
             stop = start + heads * width
             part = reshape(kernel[:, start:stop], (dim, heads, width))
-            y = ops.einsum("bsd,dhk->bhsk", x, part)
+            part_bias = None
             if bias is not None:
-                y = y + reshape(bias[start:stop], (1, heads, 1, width))
-            outputs.append(y)
+                part_bias = reshape(bias[start:stop], (1, heads, 1, width))
+            outputs.append(einsum("bsd,dhk->bhsk", x, part, bias=part_bias))
             start = stop
         return tuple(outputs)
 
@@ -292,14 +294,14 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         proj = reshape(
             ops.cast(self.proj.kernel, x.dtype), (heads, head_dim, dim)
         )
-        out = ops.einsum("bhqk,hkd->bqd", out, proj)
-        if self.proj.bias is not None:
-            out = out + ops.cast(self.proj.bias, out.dtype)
-        return out
+        bias = self.proj.bias
+        if bias is not None:
+            bias = ops.cast(bias, out.dtype)
+        return einsum("bhqk,hkd->bqd", out, proj, bias=bias)
 
     def _scores(self, q, k, previous_scores=None):
         scale = 1.0 / math.sqrt(self.key_dim)
-        scores = ops.einsum("bhqk,bhsk->bhqs", q * scale, k)
+        scores = einsum("bhqk,bhsk->bhqs", q * scale, k)
         if previous_scores is not None:
             scores = scores + ops.cast(previous_scores, scores.dtype)
         return scores
@@ -347,7 +349,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         scores = self._scores(q, k, previous_scores)
         probs = softmax(scores, axis=-1)
         probs = dropout(self.attention_dropout, probs, training)
-        out = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        out = ops.transpose(matmul(probs, v), (0, 2, 1, 3))
         return self._fused_project(out), scores
 
     def _per_head_call(self, x):
@@ -373,10 +375,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 y[..., start + head * width : start + (head + 1) * width]
                 for start, width in zip(starts, widths, strict=True)
             )
-            scores = ops.einsum("bqc,bsc->bqs", q * scale, k)
+            scores = einsum("bqc,bsc->bqs", q * scale, k)
             weights = shifted_exp(scores, axis=-1)
             total = ops.sum(weights, axis=-1, keepdims=True)
-            outputs.append(ops.einsum("bqs,bsc->bqc", weights, v) / total)
+            outputs.append(einsum("bqs,bsc->bqc", weights, v) / total)
         return dense(self.proj, ops.concatenate(outputs, axis=-1))
 
     def _uses_per_head_call(self, training, head_mask, previous_scores, scores):
@@ -466,7 +468,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         scores = self._scores(q, k, previous_scores)
         probs = softmax(scores, axis=-1)
         probs = dropout(self.attention_dropout, probs, training)
-        out = ops.einsum("bhqs,bhsk->bhqk", probs, v)
+        out = einsum("bhqs,bhsk->bhqk", probs, v)
         if head_mask is not None:
             mask = reshape(
                 ops.cast(head_mask, out.dtype), (-1, 1, heads, head_dim)

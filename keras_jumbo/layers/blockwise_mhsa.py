@@ -3,6 +3,7 @@ import math
 import keras
 from keras import ops
 
+from keras_jumbo._half_precision import einsum
 from keras_jumbo.layers._utils import add_all
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
@@ -201,10 +202,11 @@ class BlockwiseMHSA(keras.layers.Layer):
 
     def _project(self, x, kernel, bias, branch):
         """Branch `branch`'s per-head projection `(batch, heads, length, k)`."""
-        y = ops.einsum("bsd,dhk->bhsk", x, ops.cast(kernel[branch], x.dtype))
         if bias is not None:
-            y = y + ops.cast(bias[branch], x.dtype)[None, :, None, :]
-        return y
+            bias = ops.cast(bias[branch], x.dtype)[None, :, None, :]
+        return einsum(
+            "bsd,dhk->bhsk", x, ops.cast(kernel[branch], x.dtype), bias=bias
+        )
 
     def _heads(self, inputs, training=None):
         """Per-branch attention outputs, a list of n `(batch, heads, length,
@@ -232,7 +234,7 @@ class BlockwiseMHSA(keras.layers.Layer):
         for b, probs in enumerate(self._probabilities(x)):
             probs = dropout(self.attention_dropout, probs, training)
             values = self._project(x, value_kernel, value_bias, b)
-            outputs.append(ops.einsum("bhqs,bhsk->bhqk", probs, values))
+            outputs.append(einsum("bhqs,bhsk->bhqk", probs, values))
         return outputs
 
     def _probabilities(self, x):
@@ -252,7 +254,7 @@ class BlockwiseMHSA(keras.layers.Layer):
         # of the branchy model's inference time at 224 px).
         if n == 1:
             scale = 1.0 / math.sqrt(self._key_dim)
-            scores = ops.einsum("bhqk,bhsk->bhqs", queries[0] * scale, keys[0])
+            scores = einsum("bhqk,bhsk->bhqs", queries[0] * scale, keys[0])
             return [softmax(scores, axis=-1)]
         scale = ops.cast(self.join.score_scale(self._key_dim), x.dtype)
         cross = ops.cast(self.join.join_lambda, x.dtype) * scale
@@ -265,7 +267,7 @@ class BlockwiseMHSA(keras.layers.Layer):
                 [scaled[c] if c == b else crossed[c] for c in range(n)],
                 axis=-1,
             )
-            scores = ops.einsum("bhqc,bhsc->bhqs", mixed, all_keys)
+            scores = einsum("bhqc,bhsc->bhqs", mixed, all_keys)
             probabilities.append(softmax(scores, axis=-1))
         return probabilities
 
@@ -278,14 +280,15 @@ class BlockwiseMHSA(keras.layers.Layer):
         return add_all(probabilities) / len(probabilities)
 
     def _project_out(self, heads, branch):
-        out = ops.einsum(
+        bias = self.output_bias
+        if bias is not None:
+            bias = ops.cast(bias[branch], heads.dtype)
+        return einsum(
             "bhqk,hkd->bqd",
             heads,
             ops.cast(self.output_kernel[branch], heads.dtype),
+            bias=bias,
         )
-        if self.output_bias is not None:
-            out = out + ops.cast(self.output_bias[branch], heads.dtype)
-        return out
 
     def _branch_outputs(self, inputs, training=None):
         """Each branch's output `(batch, length, D)`, a list of n."""

@@ -17,6 +17,8 @@ backward already; TensorFlow measured no gain).
 import keras
 from keras import ops
 
+from keras_jumbo._half_precision import in_float32
+
 CLOSED_FORM_BACKENDS = ("jax",)
 
 
@@ -73,25 +75,38 @@ def closed_form_layer_norm(x, gamma, beta, epsilon):
 
 
 def shifted_exp(x, axis=-1):
-    """`exp(x - max(x))` over `axis`: a softmax's numerators, none above 1."""
-    return ops.exp(x - ops.max(x, axis=axis, keepdims=True))
+    """`exp(x - max(x))` over `axis`: a softmax's numerators, none above 1
+    (for a bfloat16 / float16 `x`, computed in float32 and rounded once:
+    `keras_jumbo._half_precision.in_float32`)."""
+    return in_float32(
+        lambda x: ops.exp(x - ops.max(x, axis=axis, keepdims=True)), x
+    )
 
 
 def softmax(x, axis=-1):
     """`ops.softmax(x, axis)`; on `CLOSED_FORM_BACKENDS` with the gradient
-    written out: `dx = p * (dp - sum(dp * p))` over `axis`."""
+    written out: `dx = p * (dp - sum(dp * p))` over `axis`. A bfloat16 /
+    float16 `x` (and its gradient) is computed in float32 and rounded once
+    (`keras_jumbo._half_precision.in_float32`)."""
     if not closed_form_gradients():
-        return ops.softmax(x, axis=axis)
+        return in_float32(lambda x: ops.softmax(x, axis=axis), x)
+
+    def normalised(x):
+        exp = ops.exp(x - ops.max(x, axis=axis, keepdims=True))
+        return exp / ops.sum(exp, axis=axis, keepdims=True)
 
     @ops.custom_gradient
     def probabilities(x):
-        exp = shifted_exp(x, axis)
-        p = exp / ops.sum(exp, axis=axis, keepdims=True)
+        p = in_float32(normalised, x)
 
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            return p * (upstream - ops.sum(upstream * p, axis, keepdims=True))
+            return in_float32(
+                lambda p, dp: p * (dp - ops.sum(dp * p, axis, keepdims=True)),
+                p,
+                upstream,
+            )
 
         return p, grad
 

@@ -1,6 +1,8 @@
 import keras
 from keras import ops
 
+from keras_jumbo._half_precision import einsum
+from keras_jumbo._half_precision import matmul
 from keras_jumbo.layers._utils import check_choice
 
 FUSION_MODES = ("per_step", "per_horizon_step", "flatten")
@@ -123,16 +125,16 @@ class MultiScalePatchFusion(keras.layers.Layer):
         kernel = ops.cast(self.kernel, stacked.dtype)
         bias = ops.cast(self.bias, stacked.dtype)
         if self.mode == "per_step":
-            return ops.einsum("btck,k->btc", stacked, kernel) + bias
+            return einsum("btck,k->btc", stacked, kernel) + bias
         if self.mode == "per_horizon_step":
-            fused = ops.einsum("btck,tk->btc", stacked, kernel)
+            fused = einsum("btck,tk->btc", stacked, kernel)
             return fused + bias[None, :, None]
         # Per channel: [x̂_1 .. x̂_k] of length k·T (scale-major) -> T.
         flat = ops.einsum("btck->bckt", stacked)
         flat = ops.reshape(
             flat, (-1, flat.shape[1], self.num_scales * self.horizon)
         )
-        fused = ops.matmul(flat, kernel) + bias  # (batch, C, T)
+        fused = matmul(flat, kernel) + bias  # (batch, C, T)
         return ops.transpose(fused, (0, 2, 1))
 
     def compute_output_shape(self, input_shape):

@@ -1,6 +1,7 @@
 import keras
 from keras import ops
 
+from keras_jumbo._half_precision import matmul
 from keras_jumbo._torch_kernels import reshape
 from keras_jumbo._torch_kernels import value_as
 from keras_jumbo.layers._utils import check_positive_int
@@ -153,9 +154,10 @@ class PatchEmbedding(keras.layers.Layer):
             value_as(self.projection.kernel, patches),
             (patch_h * patch_w * channels, self.hidden_dim),
         )
-        tokens = ops.matmul(patches, kernel)
-        if self.use_bias:
-            tokens = tokens + value_as(self.projection.bias, tokens)
+        bias = self.projection.bias if self.use_bias else None
+        tokens = matmul(
+            patches, kernel, None if bias is None else value_as(bias, patches)
+        )
         return reshape(tokens, (-1, grid_h, grid_w, self.hidden_dim))
 
     def compute_output_shape(self, input_shape):
