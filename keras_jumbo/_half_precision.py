@@ -2,8 +2,8 @@
 
 Under a mixed policy Keras computes in bfloat16 (or float16) and keeps
 float32 variables. Two things on XLA's CPU make that slower than float32
-unless the library steps in (benchmarks/README.md, "bfloat16 on the
-Xeon's AMX", forty-ninth session):
+unless the library steps in (benchmarks/README.md, "The Xeon a sixth
+sitting: `mixed_bfloat16` on JAX's CPU", forty-ninth session):
 
 - **Products.** A `bfloat16 x bfloat16 -> bfloat16` dot (what
   `ops.matmul` / `ops.einsum` give) is rewritten by XLA:CPU into
@@ -14,7 +14,11 @@ Xeon's AMX", forty-ninth session):
   `einsum` here ask for it on JAX's CPU and round the float32 result to
   the operands' dtype: the same numbers as XLA's own rewrite (the exact
   products of the bfloat16 values summed in float32, rounded once), up
-  to the order of the sums.
+  to the order of the sums. A bias is added in float32 before the
+  rounding, and the products' gradients are written out as such
+  products: autodiff of the float32 result would multiply a float32
+  cotangent (a float32 product again) and sum a bfloat16 bias's
+  gradient in bfloat16.
 - **Element-wise chains.** XLA keeps every op of a bfloat16 formula
   (the exact GELU's erf polynomial, a softmax) rounded to bfloat16, a
   convert pair per op; `in_float32` computes such a function once in
