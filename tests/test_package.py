@@ -21,8 +21,12 @@ ALLOWED = {"convert", "data"}  # export and data loading may need a backend
 #   GELU and concatenation without Keras' per-op dispatch); the keras.ops
 #   formula elsewhere;
 # - runtime.py: JAX's CPU dispatch setting (`keep_freed_memory`), a
-#   process setting with no Keras equivalent.
+#   process setting with no Keras equivalent;
+# - _half_precision.py: on JAX's CPU, half-precision products asked for
+#   a float32 result (`preferred_element_type`, which `keras.ops` does not
+#   take) and their gradients (`jax.custom_vjp`); `keras.ops` elsewhere.
 ALLOWED_FILES = {
+    "_half_precision.py",
     "distribution.py",
     "optimizers.py",
     "_keras_internals.py",
