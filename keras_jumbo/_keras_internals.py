@@ -1,6 +1,6 @@
 """The only module that touches private Keras attributes, and why.
 
-Keras 3.15 has no public way to do these twelve things:
+Keras 3.15 has no public way to do these thirteen things:
 
 - list every layer nested inside a layer (a custom layer's sublayers, e.g.
   the blocks of a `TransformerEncoder`): `Layer._flatten_layers`;
@@ -25,6 +25,11 @@ Keras 3.15 has no public way to do these twelve things:
   ~4 us of the `Dense.kernel` property (which imports and checks the
   quantisation modes at every read): `dense_weights` below reads
   `Dense._kernel`, which that property returns for such a layer;
+- on eager PyTorch under a mixed-precision policy, read a variable's
+  stored float32 tensor without the cast Keras' autocast applies at every
+  read of `value`, to cast each weight once for as long as its values
+  last (`_torch_kernels.value_as`): `stored_value` below reads
+  `Variable._value`;
 - update all of an optimizer's variables in one step (one fused kernel):
   Keras' only public hook is the per-variable `update_step`, so
   `keras_jumbo.optimizers.AdamW` overrides the whole-step hooks
@@ -65,14 +70,16 @@ import keras
 from keras_jumbo._torch_kernels import torch_tensors
 
 
-def _direct_call_ok(layer, inputs):
-    """Whether `layer.__call__(inputs, ...)` would only run `layer.call`.
+def _direct_call_ok(layer, inputs, args=(), kwargs=None):
+    """Whether `layer.__call__(inputs, *args, **kwargs)` would only run
+    `layer.call`.
 
     True on the PyTorch backend for a built float layer whose call Keras
     would not wrap in anything: no quantisation, rematerialisation,
-    activity regulariser, mixed-precision autocast or input cast (the
-    input already has the layer's dtype), and no torch module hooks or
-    tracing. Everything else goes through `__call__`.
+    activity regulariser, new autocast scope (`_autocast_unchanged`) or
+    input cast (the input, and every float tensor among the other
+    arguments, already has the layer's input dtype), and no torch module
+    hooks or tracing. Everything else goes through `__call__`.
     """
     if keras.backend.backend() != "torch" or not layer.built:
         return False
@@ -80,9 +87,10 @@ def _direct_call_ok(layer, inputs):
         getattr(layer, "quantization_mode", None) is not None
         or getattr(layer, "_remat_mode", None) is not None
         or layer.activity_regularizer is not None
-        or layer.compute_dtype != layer.variable_dtype
+        or not _autocast_unchanged(layer)
         or not keras.ops.is_tensor(inputs)
         or keras.backend.standardize_dtype(inputs.dtype) != layer.input_dtype
+        or not _args_in_dtype(layer, args, kwargs)
     ):
         return False
     import torch
@@ -101,6 +109,60 @@ def _direct_call_ok(layer, inputs):
     )
 
 
+def _autocast_unchanged(layer):
+    """Whether `Layer.__call__` would run `layer.call` under the autocast
+    scope in effect (`keras.src.backend.get_autocast_scope`), as it does:
+    outside any scope, for a layer whose compute and variable dtypes are
+    one (a mixed-precision layer opens a scope of its compute dtype);
+    inside one (a mixed-precision model's call opens it for everything
+    it calls), for a float layer that autocasts, of the scope's compute
+    dtype (Keras opens a scope of another dtype, or clears the scope for
+    a layer with `autocast=False`). A layer whose class sets
+    `calls_without_autocast = True` (`keras_jumbo.layers.
+    LayerNormalization`: its call reads only weights Keras never casts
+    and calls no layer) runs the same under any scope, and is called
+    directly inside one too, whatever its `autocast`."""
+    from keras.src.backend import get_autocast_scope
+
+    scope = get_autocast_scope()
+    if scope is None:
+        return layer.compute_dtype == layer.variable_dtype
+    if getattr(type(layer), "calls_without_autocast", False):
+        return True
+    return (
+        layer.autocast
+        and scope.dtype is not None
+        and layer.compute_dtype == scope.dtype
+    )
+
+
+def _args_in_dtype(layer, args, kwargs):
+    """Whether `Layer.__call__` would pass `args` and `kwargs` on
+    unchanged: every float tensor among them has the layer's input dtype
+    (it casts the others) and none is an array it would convert (NumPy);
+    a container argument (list, tuple, dict) is looked into with
+    `keras.tree`."""
+    values = (*args, *(kwargs or {}).values())
+    if not values:
+        return True
+    flat = []
+    for value in values:
+        if isinstance(value, (list, tuple, dict)):
+            flat.extend(keras.tree.flatten(value))
+        else:
+            flat.append(value)
+    for value in flat:
+        if keras.ops.is_tensor(value):
+            dtype = keras.backend.standardize_dtype(value.dtype)
+            if dtype.startswith(("float", "bfloat")) and dtype != (
+                layer.input_dtype
+            ):
+                return False
+        elif hasattr(value, "__array__"):  # converted to a tensor there
+            return False
+    return True
+
+
 def call_sublayer(layer, inputs, *args, **kwargs):
     """`layer(inputs, *args, **kwargs)` for a block's built sublayer.
 
@@ -114,7 +176,7 @@ def call_sublayer(layer, inputs, *args, **kwargs):
     outputs either way (tested); on JAX and TensorFlow, where the call is
     traced once, it is always `layer(...)`.
     """
-    if _direct_call_ok(layer, inputs):
+    if _direct_call_ok(layer, inputs, args, kwargs):
         # As `__call__` does: drop a context argument (`training`) that
         # this layer's `call` does not take.
         takes = layer._call_has_context_arg
@@ -125,6 +187,18 @@ def call_sublayer(layer, inputs, *args, **kwargs):
         }
         return layer.call(inputs, *args, **kwargs)
     return layer(inputs, *args, **kwargs)
+
+
+def stored_value(variable):
+    """The tensor a variable stores (`Variable._value`), without Keras'
+    autocast cast of `variable.value` under a mixed-precision policy; None
+    where `value` is not that tensor (inside a `StatelessScope`, or before
+    the variable is initialised): the caller reads `value` then."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    if in_stateless_scope():
+        return None
+    return variable._value
 
 
 def dense_weights(layer):

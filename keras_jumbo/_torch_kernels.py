@@ -22,7 +22,9 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   pytree (to look for symbolic tensors): ~22 us a call against ~1.5 us
   for the reshape itself.
 - `layer_norm`: `ops.layer_normalization` takes ~24 us a call, ~18 us of
-  it dtype bookkeeping around a ~6 us `F.layer_norm`.
+  it dtype bookkeeping around a ~6 us `F.layer_norm`; a half-precision
+  inference call also casts the whole input to float32 and back, where
+  torch's mixed-dtype kernel reads it as it is.
 - `dot_product_attention`: `ops.dot_product_attention` copies query, key
   and value into contiguous tensors before torch's fused attention
   (three copies per block); the kernel reads the strided heads-first
@@ -34,6 +36,9 @@ cores; `torch.profiler` and per-call timings in benchmarks/README.md,
   a call each, ~30 such calls per ViT block; a pico ViT's eager forward
   pass at batch 1 went 18 -> 14 ms with these and the direct layer calls
   of `_keras_internals`, benchmarks/README.md, thirty-ninth session).
+  Under a mixed-precision policy, `value_as` keeps each weight's
+  half-precision copy for calls without gradient (`_cast_weight`), where
+  Keras casts at every read.
 - `unstack`: `torch.unbind`, whose gradient is one `stack`; indexing
   each slice costs a zero fill, a copy and an add of the whole tensor per
   slice in the backward.
@@ -90,17 +95,69 @@ def torch_tensors(*tensors):
 
 def value_as(variable, x):
     """`ops.cast(variable, x.dtype)`: a layer's weight in the dtype of its
-    input `x`. On PyTorch, the variable's `value` itself when it has that
-    dtype already (the usual float32 case): Keras' `ops.cast` of a
-    variable costs ~8 us per call in eager PyTorch (its op dispatch and
-    tree walks), `value` ~2 us, and a ViT block reads ~14 weights per
-    call. The same tensor either way; elsewhere `ops.cast`."""
+    input `x`. On PyTorch, for a variable (read without Keras' op dispatch
+    and autocast cast: `_keras_internals.stored_value`), its stored tensor
+    itself when it has that dtype already (the usual float32 case: Keras'
+    `ops.cast` of a variable costs ~8 us per call in eager PyTorch, its
+    op dispatch and tree walks, the stored tensor ~1 us, and a ViT block
+    reads ~14 weights per call), else `_cast_weight` of it. The same
+    values either way; elsewhere `ops.cast`."""
     if isinstance(variable, keras.Variable) and torch_tensors(x):
-        value = variable.value
+        from keras_jumbo._keras_internals import stored_value
+
+        value = stored_value(variable)
+        if value is None:
+            value = variable.value
         if value.dtype == x.dtype:
             return value
-        return ops.cast(value, x.dtype)
+        return _cast_weight(value, x.dtype)
     return ops.cast(variable, x.dtype)
+
+
+# Whether `value_as` keeps the copies it casts a weight to for calls whose
+# gradient is not needed (`_cast_weight`), and how many bytes of such
+# copies it holds at most (a bfloat16 copy of every weight of Jumbo base:
+# ~1.1 GiB). Past the budget, weights are cast at every call.
+CAST_WEIGHTS = True
+CAST_WEIGHTS_MAX_BYTES = 2**30
+# {(id(weight), dtype): _KeptCopy} for `_cast_weight`.
+_CAST = {}
+
+
+def _cast_weight(value, dtype):
+    """`value` (a variable's stored PyTorch tensor) cast to `dtype`, as
+    Keras' autocast does (`Tensor.to`).
+
+    Under a mixed-precision policy Keras casts a float32 weight to the
+    compute dtype at every read: a weight shared by several layer calls
+    (the official Jumbo's one Jumbo FFN, read by all 12 blocks) is cast
+    at each, and every weight again at every call of the model (eager
+    pico predict at batch 64 under `mixed_bfloat16`, 2 Xeon cores: ~150
+    casts, ~14 ms of a ~105 ms step). Where no gradient is needed (and not
+    under `torch.compile`, which traces its own casts), the cast copy is
+    kept while the weight and its values live (`_kept_copy`, made at the
+    first call that sees them; `CAST_WEIGHTS_MAX_BYTES`) and reused: the
+    same values bit for bit. With `CAST_WEIGHTS` off, or where a gradient
+    is needed (autograd records the cast), every call casts."""
+    import torch
+
+    if (
+        CAST_WEIGHTS
+        and not _needs_grad((value,))
+        and not torch.compiler.is_compiling()
+    ):
+        kept = _kept_copy(
+            _CAST,
+            (id(value), dtype),
+            value,
+            lambda v: v.to(dtype),
+            value.numel() * dtype.itemsize,
+            CAST_WEIGHTS_MAX_BYTES,
+            first_seen=True,
+        )
+        if kept is not None:
+            return kept
+    return value.to(dtype)
 
 
 def exact_gelu(x):
@@ -267,30 +324,28 @@ def _onednn_weight(x, kernel, tensors):
 # budget, kernels run on the plain weight (the same values).
 PACKED_WEIGHTS = True
 PACKED_WEIGHTS_MAX_BYTES = 2**30
-# {id(kernel): _Packing} for `_packed_weight`.
+# {id(kernel): _KeptCopy} for `_packed_weight`.
 _PACKED = {}
 
 
-class _Packing:
-    """A kernel's entry in `_PACKED`: a weak reference to it, the stamp of
-    the values last seen (`_stamp`) and oneDNN's packed layout of them
-    (None until a second call sees the same values; False where it would
-    exceed `PACKED_WEIGHTS_MAX_BYTES`)."""
+class _KeptCopy:
+    """An entry of a table of copies made from a kernel's values
+    (`_kept_copy`): a weak reference to the kernel, the stamp of the values
+    last seen (`_stamp`), the copy made of them (None until made; False
+    where it would exceed the table's budget) and its size in bytes."""
 
-    __slots__ = ("ref", "stamp", "packed")
+    __slots__ = ("ref", "stamp", "copy", "size")
 
-    def __init__(self, kernel, stamp):
+    def __init__(self, kernel, stamp, table, key):
         # The table itself, not the module global: a kernel that outlives
         # the module (a script's global, freed at interpreter exit after
         # the modules' globals are cleared) still finds it.
-        key, table = id(kernel), _PACKED
-
         def forget(_):
             if table.get(key) is self:
                 del table[key]
 
         self.ref = weakref.ref(kernel, forget)
-        self.stamp, self.packed = stamp, None
+        self.stamp, self.copy, self.size = stamp, None, 0
 
 
 def _stamp(kernel):
@@ -302,12 +357,55 @@ def _stamp(kernel):
     counter (made under `torch.inference_mode()`). A write the counter does
     not see (through `tensor.data`, or a fused optimizer kernel outside
     the library) is not seen here either: set `PACKED_WEIGHTS = False`
-    for such code."""
+    and `CAST_WEIGHTS = False` for such code."""
     try:
         version = kernel._version
     except RuntimeError:
         return None
     return (version, kernel.data_ptr(), tuple(kernel.shape), kernel.stride())
+
+
+def _kept_copy(table, key, kernel, make, size, max_bytes, first_seen):
+    """`make(kernel)`, a copy of `size` bytes made from `kernel`'s values,
+    kept in `table[key]` while the kernel lives and its values keep their
+    `_stamp`; None where no copy is held (the caller uses the kernel
+    itself).
+
+    A copy is made on the first call that sees a kernel's values with
+    `first_seen`, otherwise on the second call that sees the same values
+    (a kernel written between every two calls, a training step's, is then
+    never copied for one use); any write is seen at the next call, which
+    makes (or waits for) a new copy. A copy that would take the table's
+    copies past `max_bytes` in all is not made until the kernel's values
+    change again. A kernel without a stamp is never copied."""
+    stamp = _stamp(kernel)
+    if stamp is None:
+        return None
+    entry = table.get(key)
+    if entry is None or entry.ref() is not kernel:
+        entry = table[key] = _KeptCopy(kernel, stamp, table, key)
+        if not first_seen:
+            return None
+    elif entry.stamp != stamp:
+        entry.stamp, entry.copy = stamp, None
+        if not first_seen:
+            return None
+    if entry.copy is None:
+        if _kept_bytes(table) + size > max_bytes:
+            entry.copy = False
+        else:
+            entry.copy, entry.size = make(kernel), size
+    return None if entry.copy is False else entry.copy
+
+
+def _kept_bytes(table):
+    """The bytes of the copies `table` holds for live kernels."""
+    total = 0
+    for entry in list(table.values()):
+        copy = entry.copy
+        if entry.ref() is not None and copy is not None and copy is not False:
+            total += entry.size
+    return total
 
 
 def _packed_weight(kernel):
@@ -320,46 +418,25 @@ def _packed_weight(kernel):
     0.65-0.68x MKL's speed on the plain weight, 1.12-1.39x packed; 2 Xeon
     cores; the values are the same bit for bit). The layout is made (one
     reorder, made without a row count: the same layout for every call)
-    on the second call that sees the same values of the kernel (the same
-    `_stamp`): a kernel written between every two calls (a training step,
-    an `assign`) is not packed for one use (packing alone costs several
-    plain calls), and any write is seen at the next call, which takes the
-    plain weight again. The layout is a second copy of the kernel, held
-    while the kernel lives (the entry holds a weak reference to it), as
-    long as all such copies stay within `PACKED_WEIGHTS_MAX_BYTES`. With
+    on the second call that sees the same values of the kernel
+    (`_kept_copy`): packing alone costs several plain calls, so a kernel
+    written between every two calls is not packed for one use. The layout
+    is a second copy of the kernel, held while the kernel lives, as long
+    as all such copies stay within `PACKED_WEIGHTS_MAX_BYTES`. With
     `PACKED_WEIGHTS` off, nothing is packed."""
     if not PACKED_WEIGHTS:
         return None
-    stamp = _stamp(kernel)
-    if stamp is None:
-        return None
-    entry = _PACKED.get(id(kernel))
-    if entry is None or entry.ref() is not kernel:
-        _PACKED[id(kernel)] = _Packing(kernel, stamp)
-        return None
-    if entry.stamp != stamp:
-        entry.stamp, entry.packed = stamp, None
-        return None
-    if entry.packed is None:
-        import torch
+    import torch
 
-        size = kernel.numel() * kernel.element_size()
-        if _packed_bytes() + size > PACKED_WEIGHTS_MAX_BYTES:
-            entry.packed = False
-        else:
-            entry.packed = torch.ops.mkldnn._reorder_linear_weight(kernel.T)
-    return None if entry.packed is False else entry.packed
-
-
-def _packed_bytes():
-    """The bytes of the kernels `_PACKED` holds packed copies of."""
-    total = 0
-    for entry in list(_PACKED.values()):
-        kernel = entry.ref()
-        if kernel is None or entry.packed is None or entry.packed is False:
-            continue
-        total += kernel.numel() * kernel.element_size()
-    return total
+    return _kept_copy(
+        _PACKED,
+        id(kernel),
+        kernel,
+        lambda k: torch.ops.mkldnn._reorder_linear_weight(k.T),
+        kernel.numel() * kernel.element_size(),
+        PACKED_WEIGHTS_MAX_BYTES,
+        first_seen=False,
+    )
 
 
 def _onednn_minimum():
@@ -673,18 +750,33 @@ def unstack(x, axis):
 
 def layer_norm(x, gamma, beta, epsilon):
     """`ops.layer_normalization(x, gamma, beta, epsilon=epsilon)` over the
-    last axis. On float32 PyTorch tensors: `F.layer_norm` directly (what
-    Keras calls there too, without its dtype bookkeeping); other dtypes go
-    through `ops.layer_normalization`, which computes in float32."""
-    if (
-        torch_tensors(x, gamma, beta)
-        and gamma.dtype == x.dtype
-        and beta.dtype == x.dtype
-    ):
+    last axis. On PyTorch tensors: `F.layer_norm` directly where all three
+    are float32 (what Keras calls there too, without its dtype
+    bookkeeping); and for a bfloat16 / float16 `x` with float32 `gamma`
+    and `beta` (Keras' normalisation layers do not autocast their weights)
+    where no gradient is needed, `F.layer_norm` on them as they are:
+    torch's mixed-dtype kernel computes in float32 and rounds its result
+    to `x`'s dtype once, as Keras' float32 computation and cast do (each
+    value within one rounding of the float64 result; the two roundings
+    differ in 0.002-0.02% of the values), without the two casts of the whole
+    tensor (eager pico predict at batch 64 under `mixed_bfloat16`, 2 Xeon
+    cores: ~1.08x). Its gradients are not used: the kernel's gamma
+    gradient strays far more than float32's (9% of the largest against
+    1e-6, bfloat16 input). Other dtypes, and half precision where a
+    gradient is needed, go through `ops.layer_normalization`, which
+    computes in float32."""
+    if torch_tensors(x, gamma, beta):
         import torch
         from torch.nn import functional
 
-        if x.dtype == torch.float32:
+        wide = gamma.dtype == torch.float32 and beta.dtype == torch.float32
+        if wide and (
+            x.dtype == torch.float32
+            or (
+                x.dtype in (torch.bfloat16, torch.float16)
+                and not _needs_grad((x, gamma, beta))
+            )
+        ):
             return functional.layer_norm(
                 x, (x.shape[-1],), gamma, beta, epsilon
             )

@@ -40,9 +40,20 @@ def test_direct_call_only_for_a_built_float_layer_on_torch():
     assert not _keras_internals._direct_call_ok(LayerNormalization(), x)
     # An input of another dtype: `__call__` casts it first.
     assert not _keras_internals._direct_call_ok(norm, _x(dtype="float16"))
-    # Mixed precision: `__call__` opens the autocast scope.
+    # Mixed precision outside an autocast scope: `__call__` opens one.
     mixed = _norm(dtype="mixed_float16")
     assert not _keras_internals._direct_call_ok(mixed, _x(dtype="float16"))
+    # A float tensor argument of another dtype: `__call__` casts it.
+    assert not _keras_internals._direct_call_ok(norm, x, (_x(dtype="float16"),))
+    assert not _keras_internals._direct_call_ok(
+        norm, x, (), {"extra": [np.ones(3)]}
+    )
+    assert (
+        _keras_internals._direct_call_ok(
+            norm, x, (_x(dtype="int32"),), {"training": True, "extra": [x]}
+        )
+        == ON_TORCH
+    )
     # A quantised layer: `__call__` routes to `quantized_call`.
     dense = keras.layers.Dense(4)
     dense.build((2, 5, 8))
@@ -80,8 +91,8 @@ def test_torch_module_hooks_still_run():
 def _outputs_with_and_without_direct_calls(monkeypatch, block, call):
     direct = []
 
-    def counting(layer, inputs):
-        ok = DIRECT_CALL_OK(layer, inputs)
+    def counting(layer, inputs, *rest):
+        ok = DIRECT_CALL_OK(layer, inputs, *rest)
         direct.append(ok)
         return ok
 
@@ -178,8 +189,8 @@ def test_models_call_their_layers_directly(monkeypatch):
     direct = []
     ok = _keras_internals._direct_call_ok
 
-    def counting(layer, inputs):
-        result = ok(layer, inputs)
+    def counting(layer, inputs, *rest):
+        result = ok(layer, inputs, *rest)
         direct.append((layer, result))
         return result
 
@@ -207,6 +218,67 @@ def test_models_call_their_layers_directly(monkeypatch):
         assert not np.allclose(fast[2], fast[0], atol=1e-3)
     for a, b in zip(fast, slow, strict=True):
         assert_allclose(a, b, atol=1e-6)
+
+
+def test_mixed_precision_blocks_call_their_layers_directly(monkeypatch):
+    """Under a mixed-precision model's autocast scope, a sublayer of the
+    scope's compute dtype (and the library's LayerNormalization, whose
+    call no scope changes) is called directly on PyTorch; a float32 layer
+    inside (Keras opens a float32 scope for it) or a layer with
+    `autocast=False` is not. A `mixed_bfloat16` JumboViT (random weights)
+    gives the same outputs, bit for bit, as through
+    `Layer.__call__` for every layer, at inference and with
+    `predict_on_batch`."""
+    from keras.src.backend import AutocastScope
+
+    from keras_jumbo import models
+
+    norm = _norm(dtype="mixed_bfloat16")
+    half = _x(dtype="float32")
+    half = keras.ops.cast(half, "bfloat16")
+    dense = keras.layers.Dense(4, dtype="mixed_bfloat16")
+    dense.build(half.shape)
+    wide = keras.layers.Dense(4, dtype="float32")
+    wide.build(half.shape)
+    plain = keras.layers.Dense(4, dtype="mixed_bfloat16", autocast=False)
+    plain.build(half.shape)
+    with AutocastScope("bfloat16"):
+        assert DIRECT_CALL_OK(norm, half) == ON_TORCH
+        assert DIRECT_CALL_OK(dense, half) == ON_TORCH
+        assert not DIRECT_CALL_OK(wide, keras.ops.cast(half, "float32"))
+        assert not DIRECT_CALL_OK(plain, half)
+    with AutocastScope("float16"):
+        assert not DIRECT_CALL_OK(dense, half)
+    with AutocastScope(None):
+        assert not DIRECT_CALL_OK(dense, half)
+
+    model = models.JumboViT(
+        **TINY_VIT, jumbo_multiplier=2, dtype="mixed_bfloat16",
+    )  # fmt: skip
+    randomize_weights(model, seed=8)
+    x = _x((3, 16, 16, 3))
+    direct = []
+
+    def counting(layer, inputs, *rest):
+        result = DIRECT_CALL_OK(layer, inputs, *rest)
+        direct.append(result)
+        return result
+
+    def outputs():
+        results = [model(x, training=False), model.predict_on_batch(x)]
+        return [
+            keras.ops.convert_to_numpy(keras.ops.cast(r, "float32"))
+            for r in results
+        ]
+
+    monkeypatch.setattr(_keras_internals, "_direct_call_ok", counting)
+    fast = outputs()
+    assert any(direct) == ON_TORCH
+    monkeypatch.setattr(_keras_internals, "_direct_call_ok", lambda *a: False)
+    slow = outputs()
+    assert np.abs(fast[0]).max() > 0
+    for a, b in zip(fast, slow, strict=True):
+        assert_allclose(a, b, atol=0)
 
 
 def test_model_quantize_collects_garbage_once(monkeypatch):

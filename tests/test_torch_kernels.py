@@ -177,6 +177,128 @@ def test_value_as_is_the_cast_of_the_variable(rng):
     check(_torch_kernels.value_as(variable, symbolic), "float16")
 
 
+def test_value_as_keeps_a_half_cast_while_the_values_last(rng, monkeypatch):
+    """On PyTorch, the half-precision cast of a weight for a call without
+    gradient is made once per set of values and then reused (the same
+    tensor), inside a mixed-precision layer too; a write (`assign`) is
+    seen at the next call; a call whose gradient is needed casts anew
+    (and its gradient reaches the variable); with `CAST_WEIGHTS` off
+    nothing is kept; a copy past `CAST_WEIGHTS_MAX_BYTES` is not kept
+    (until its values change); an entry leaves with its variable. Inside
+    a `StatelessScope` the scope's value is cast. The values equal
+    `ops.cast` of the current values throughout, bit for bit."""
+    monkeypatch.setattr(_torch_kernels, "_CAST", {})
+    values = rng.normal(size=(3, 4)).astype("float32")
+    variable = keras.Variable(values)
+    x = ops.convert_to_tensor(rng.normal(size=(2, 3)), dtype="bfloat16")
+
+    def check(got, current):
+        assert keras.backend.standardize_dtype(got.dtype) == "bfloat16"
+        assert_allclose(
+            ops.cast(got, "float32"),
+            ops.cast(ops.cast(current, "bfloat16"), "float32"),
+            atol=0,
+        )
+
+    with keras.StatelessScope(state_mapping=[(variable, values + 1.0)]):
+        check(_torch_kernels.value_as(variable, x), values + 1.0)
+    if not ON_TORCH:
+        check(_torch_kernels.value_as(variable, x), values)
+        return
+    import gc
+
+    import torch
+
+    table = _torch_kernels._CAST
+    with torch.no_grad():
+        first = _torch_kernels.value_as(variable, x)
+        check(first, values)
+        assert _torch_kernels.value_as(variable, x) is first
+    assert len(table) == 1
+
+    class _Reads(keras.layers.Layer):
+        def __init__(self, read, **kwargs):
+            super().__init__(**kwargs)
+            self.read = read
+
+        def call(self, x):
+            return _torch_kernels.value_as(self.read, x)
+
+    with torch.no_grad():
+        assert _Reads(variable, dtype="mixed_bfloat16")(x) is first
+    new = 2.0 * values + 1.0
+    variable.assign(new)
+    with torch.no_grad():
+        third = _torch_kernels.value_as(variable, x)
+    assert third is not first
+    check(third, new)
+    cast = _torch_kernels.value_as(variable, x)  # a gradient is needed
+    assert cast is not third and cast.grad_fn is not None
+    check(cast, new)
+    cast.float().sum().backward()
+    assert_allclose(variable.value.grad, np.ones((3, 4)), atol=0)
+    monkeypatch.setattr(_torch_kernels, "CAST_WEIGHTS", False)
+    with torch.no_grad():
+        fresh = _torch_kernels.value_as(variable, x)
+    assert fresh is not third
+    check(fresh, new)
+    monkeypatch.setattr(_torch_kernels, "CAST_WEIGHTS", True)
+    size = values.size * 2  # one bfloat16 copy
+    monkeypatch.setattr(_torch_kernels, "CAST_WEIGHTS_MAX_BYTES", size)
+    other = keras.Variable(values + 3.0)
+    with torch.no_grad():
+        once = _torch_kernels.value_as(other, x)
+        assert _torch_kernels.value_as(other, x) is not once
+    check(once, values + 3.0)
+    assert _torch_kernels._kept_bytes(table) == size
+    del variable, first, third, cast, fresh
+    gc.collect()
+    assert _torch_kernels._kept_bytes(table) == 0
+    with torch.no_grad():  # refused until its values change
+        assert _torch_kernels.value_as(other, x) is not once
+        other.assign(values + 4.0)
+        kept = _torch_kernels.value_as(other, x)
+        assert _torch_kernels.value_as(other, x) is kept
+    check(kept, values + 4.0)
+
+
+def test_mixed_precision_predictions_follow_every_training_step(rng):
+    """A `mixed_bfloat16` JumboViT trained with the library's AdamW (on
+    PyTorch a fused kernel, whose writes the kept casts must see) and
+    Keras' SGD: every prediction between steps equals, bit for bit, the
+    same model's prediction with `CAST_WEIGHTS` off (each weight cast at
+    the call)."""
+    from keras_jumbo import models
+    from keras_jumbo.testing import randomize_weights
+
+    x = rng.normal(size=(3, 16, 16, 3)).astype("float32")
+    y = np.array([0, 2, 1])
+    for optimizer in (optimizers.AdamW(0.05), keras.optimizers.SGD(0.1)):
+        model = models.JumboViT(
+            image_size=16, patch_size=8, hidden_dim=8, depth=2, num_heads=2,
+            num_classes=3, jumbo_multiplier=2, dtype="mixed_bfloat16",
+        )  # fmt: skip
+        randomize_weights(model, seed=3)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        previous = None
+        for _ in range(3):
+            kept = [model.predict_on_batch(x) for _ in range(2)]
+            _torch_kernels.CAST_WEIGHTS = False
+            try:
+                plain = model.predict_on_batch(x)
+            finally:
+                _torch_kernels.CAST_WEIGHTS = True
+            for out in kept:
+                assert_allclose(out, plain, atol=0)
+            if previous is not None:  # the step changed the predictions
+                assert np.abs(plain - previous).max() > 0
+            previous = plain
+            model.train_on_batch(x, y)
+
+
 def test_exact_gelu_equals_the_erf_formula(rng):
     """`exact_gelu` is `0.5 x (1 + erf(x / sqrt 2))`, on tensors and on
     numpy input, symbolic inputs giving a symbolic result."""
@@ -301,6 +423,60 @@ def test_layer_norm_of_another_dtype_is_the_keras_op(rng):
     assert_allclose(
         ops.cast(out, "float32"), ops.cast(expected, "float32"), atol=0
     )
+
+
+def _numpy32(t):
+    return ops.convert_to_numpy(ops.cast(t, "float32"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_layer_norm_with_float32_weights(rng, dtype):
+    """A half-precision input with float32 gamma and beta (what Keras'
+    normalisation layers pass under a mixed policy): without gradient each
+    value is within one rounding of the float64 result and equals
+    `ops.layer_normalization` (float32, then cast) except for a few
+    values one rounding apart; where a gradient is needed, values and
+    gradients are `ops.layer_normalization`'s exactly."""
+    x = _tensor(rng, (4, 40, 32), dtype=dtype, scale=3.0) + 1.0
+    gamma = _tensor(rng, (32,)) + 1.0
+    beta = _tensor(rng, (32,))
+    keras_op = ops.layer_normalization(x, gamma, beta, epsilon=1e-6)
+    reference = _layer_norm_reference(
+        *(_numpy32(t) for t in (x, gamma, beta)),
+        1e-6,
+    )
+    spacing = 2.0 ** (-8 if dtype == "bfloat16" else -11)
+    if ON_TORCH:
+        import torch
+
+        with torch.no_grad():
+            out = _torch_kernels.layer_norm(x, gamma, beta, 1e-6)
+    else:
+        out = _torch_kernels.layer_norm(x, gamma, beta, 1e-6)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    got = ops.convert_to_numpy(ops.cast(out, "float32")).astype("float64")
+    error = np.abs(got - reference) / np.maximum(np.abs(reference), 1e-3)
+    assert error.max() <= spacing
+    apart = got != ops.convert_to_numpy(ops.cast(keras_op, "float32"))
+    assert apart.mean() <= 1e-3
+    if not ON_TORCH:
+        assert not apart.any()
+        return
+    import torch
+
+    def grads(function):
+        xt = x.detach().clone().requires_grad_()
+        gt, bt = (t.detach().clone().requires_grad_() for t in (gamma, beta))
+        y = function(xt, gt, bt)
+        y.float().square().sum().backward()
+        return [y.detach(), xt.grad, gt.grad, bt.grad]
+
+    ours = grads(lambda a, g, b: _torch_kernels.layer_norm(a, g, b, 1e-6))
+    theirs = grads(
+        lambda a, g, b: ops.layer_normalization(a, g, b, epsilon=1e-6)
+    )
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("short_length", [192, 0], ids=["matmuls", "fused"])
@@ -820,10 +996,10 @@ def test_packed_weights_stay_within_their_budget(rng, monkeypatch):
     assert [packed_calls(k) for k in kernels] == [[False, True]] * 2 + [
         [False, False]
     ]
-    assert _torch_kernels._packed_bytes() == 2 * size
+    assert _torch_kernels._kept_bytes(_torch_kernels._PACKED) == 2 * size
     del kernels[0]
     gc.collect()
-    assert _torch_kernels._packed_bytes() == size
+    assert _torch_kernels._kept_bytes(_torch_kernels._PACKED) == size
     assert packed_calls(kernels[1]) == [False, False]  # no retry as is
     kernels[1].mul_(1.0)  # a write: its next values may be packed
     assert packed_calls(kernels[1]) == [False, True]

@@ -29,6 +29,12 @@ class LayerNormalization(keras.layers.LayerNormalization):
     (2, 3, 4)
     """
 
+    # Its call reads only `gamma` and `beta`, which Keras creates with
+    # `autocast=False`, and calls no layer: the same under any autocast
+    # scope, so a mixed-precision block calls it directly on PyTorch
+    # (`keras_jumbo._keras_internals.call_sublayer`).
+    calls_without_autocast = True
+
     def _closed_form(self, inputs):
         if not closed_form_gradients():
             return False
