@@ -66,6 +66,8 @@ import gc
 import inspect
 
 import keras
+from keras.src.backend import get_autocast_scope
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from keras_jumbo._torch_kernels import torch_tensors
 
@@ -122,8 +124,6 @@ def _autocast_unchanged(layer):
     LayerNormalization`: its call reads only weights Keras never casts
     and calls no layer) runs the same under any scope, and is called
     directly inside one too, whatever its `autocast`."""
-    from keras.src.backend import get_autocast_scope
-
     scope = get_autocast_scope()
     if scope is None:
         return layer.compute_dtype == layer.variable_dtype
@@ -194,8 +194,6 @@ def stored_value(variable):
     autocast cast of `variable.value` under a mixed-precision policy; None
     where `value` is not that tensor (inside a `StatelessScope`, or before
     the variable is initialised): the caller reads `value` then."""
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
-
     if in_stateless_scope():
         return None
     return variable._value
