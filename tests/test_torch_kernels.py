@@ -691,6 +691,39 @@ def test_linear_gradient_on_onednn_equals_the_formula(
     assert calls == [(2, 5, 8)] + [(10, 6)] * input_grad + [(8, 10)]
 
 
+@pytest.mark.parametrize(
+    "width_in, width_out, transposed",
+    [(12, 3, (3, 40)), (3, 12, (3, 40)), (12, 12, (12, 40))],
+)
+def test_onednn_kernel_gradient_transposes_the_narrower_operand(
+    rng, monkeypatch, width_in, width_out, transposed
+):
+    """The kernel gradient `xᵀ·g` over 40 rows takes oneDNN's product in
+    the orientation whose transposed first operand is the narrower one
+    (`gᵀ` when out < in, the `(out, in)` result transposed back): the
+    formula's values either way, contiguous, in the kernel's shape."""
+    calls = _onednn_spy(monkeypatch, min_macs=0)
+    x_np = rng.normal(size=(4, 10, width_in)).astype("float32")
+    k_np = rng.normal(size=(width_in, width_out)).astype("float32")
+    b_np = rng.normal(size=(width_out,)).astype("float32")
+    g_np = rng.normal(size=(4, 10, width_out)).astype("float32")
+    expected = x_np @ k_np + b_np
+    if _formula_off_torch(calls, x_np, k_np, b_np, expected):
+        return
+    import torch
+
+    kernel = torch.tensor(k_np, requires_grad=True)
+    bias = torch.tensor(b_np, requires_grad=True)
+    out = _torch_kernels.linear(torch.tensor(x_np), kernel, bias)
+    out.backward(torch.tensor(g_np))
+    rows_x, rows_g = x_np.reshape(40, -1), g_np.reshape(40, -1)
+    assert_allclose(out.detach(), expected, atol=1e-5)
+    assert_allclose(kernel.grad, rows_x.T @ rows_g, atol=1e-5)
+    assert_allclose(bias.grad, rows_g.sum(0), atol=1e-5)
+    assert kernel.grad.is_contiguous()
+    assert calls == [(4, 10, width_in), transposed]
+
+
 def test_linear_on_onednn_with_strided_views(rng, monkeypatch):
     """The Jumbo FFN's case: the input is the first tokens of each
     sequence (a strided view) and its output is concatenated back, so

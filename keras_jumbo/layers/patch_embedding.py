@@ -17,8 +17,17 @@ from keras_jumbo.layers._utils import to_pair
 # matmul (2.1 ms). On PyTorch it skips Keras' two layout copies around the
 # convolution: pico predict at 128 px 1.015x at batch 64, 1.004x at 8,
 # 1.01x at 1 (2-core Xeon, interleaved, 2026-11-29). The same function
-# (tested); training keeps the convolution (no faster through its gradient).
+# (tested). JAX's training keeps the convolution (no faster through its
+# gradient).
 MATMUL_INFERENCE_BACKENDS = ("jax", "torch")
+# Backends on which a training call projects with that matmul too. On
+# eager PyTorch the convolution's training step costs two layout copies of
+# the image batch and oneDNN's convolution backward; the matmul's backward
+# is one kernel-gradient product (the input gradient, where one is needed,
+# the gather's). Pico's `train_on_batch` at 128 px, batch 32: 1.04x
+# (2 Zen 4 cores, interleaved rounds; benchmarks/README.md, fifty-first
+# session). The same values and gradients (tested).
+MATMUL_TRAINING_BACKENDS = ("torch",)
 
 
 @keras.saving.register_keras_serializable(package="keras_jumbo")
@@ -35,7 +44,9 @@ class PatchEmbedding(keras.layers.Layer):
     call at inference computes it in that second form
     (`_matmul_projection`: the patches gathered by one stack of column
     slices, one matmul), which XLA runs on every CPU thread where it runs
-    the convolution on one; the same numbers to float32 round-off (tested).
+    the convolution on one; on PyTorch, every call (no layout copies
+    around the convolution); the same numbers to float32 round-off
+    (tested).
 
     Args:
         hidden_dim: int, width D of each patch token.
@@ -128,9 +139,11 @@ class PatchEmbedding(keras.layers.Layer):
 
     def _uses_matmul(self, nhwc_shape, training):
         projection = self.projection
+        backends = (
+            MATMUL_TRAINING_BACKENDS if training else MATMUL_INFERENCE_BACKENDS
+        )
         return (
-            keras.backend.backend() in MATMUL_INFERENCE_BACKENDS
-            and not training
+            keras.backend.backend() in backends
             and None not in nhwc_shape[1:]
             and projection.quantization_mode is None
             and not projection.lora_enabled

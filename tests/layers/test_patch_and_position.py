@@ -8,6 +8,7 @@ from keras_jumbo.layers import patch_embedding
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
 from keras_jumbo.testing import run_layer_test
+from tests.layers.reference import assert_same_sgd_step
 from tests.layers.reference import value
 
 
@@ -60,16 +61,43 @@ def test_patch_embedding_matmul_is_the_convolution(
     assert_allclose(layer(x, training=True), convolution, atol=1e-5)
 
 
-def test_patch_embedding_matmul_only_for_plain_inference():
+def test_patch_embedding_matmul_where_its_backend_uses_it():
     layer = PatchEmbedding(4, 2)
     layer.build((1, 4, 4, 3))
-    on = keras.backend.backend() in patch_embedding.MATMUL_INFERENCE_BACKENDS
+    backend = keras.backend.backend()
+    on = backend in patch_embedding.MATMUL_INFERENCE_BACKENDS
+    in_training = backend in patch_embedding.MATMUL_TRAINING_BACKENDS
+    assert in_training == (backend == "torch")
     assert layer._uses_matmul((1, 4, 4, 3), training=False) == on
     assert layer._uses_matmul((1, 4, 4, 3), training=None) == on
-    assert not layer._uses_matmul((1, 4, 4, 3), training=True)
+    assert layer._uses_matmul((1, 4, 4, 3), training=True) == in_training
     assert not layer._uses_matmul((1, None, None, 3), training=False)
+    assert not layer._uses_matmul((1, None, None, 3), training=True)
     layer.projection.enable_lora(2)
     assert not layer._uses_matmul((1, 4, 4, 3), training=False)
+    assert not layer._uses_matmul((1, 4, 4, 3), training=True)
+
+
+class _ConvolutionOnly(PatchEmbedding):
+    def _uses_matmul(self, nhwc_shape, training):
+        return False
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_patch_embedding_training_step_equals_the_convolution(rng, data_format):
+    # One SGD step (a Dense before the embedding, so the input gradient
+    # counts too) through the layer as each backend trains it (PyTorch:
+    # the matmul) against the convolution alone: the same weights after.
+    shape = (2, 6, 9, 3) if data_format == "channels_last" else (2, 3, 6, 9)
+    x = rng.normal(size=shape).astype("float32")
+    target = rng.normal(size=(2, 2, 3, 5)).astype("float32")
+    ours = PatchEmbedding(5, 3, data_format=data_format)
+    stock = _ConvolutionOnly(5, 3, data_format=data_format)
+    ours.build(shape)
+    randomize_weights(ours)
+    stock.build(shape)
+    stock.set_weights(ours.get_weights())
+    assert_same_sgd_step(ours, stock, x, target)
 
 
 def test_patch_embedding_channels_first_matches_channels_last(rng):
