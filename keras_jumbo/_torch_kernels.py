@@ -469,16 +469,16 @@ def _onednn_kernel_gradient(inputs, grads):
     out)`, contiguous.
 
     oneDNN's op reads its weight operand strided as it is, but makes its
-    first operand contiguous, here a transposed copy (PyTorch's copy of
-    a transposed matrix, one thread). So the product is taken in the
-    orientation that copies fewer values: `inputsᵀ` (in x rows) as the
-    first operand, or `gradsᵀ` (out x rows) and the `(out, in)` result
-    transposed back (autograd would copy a transposed gradient into the
-    kernel's layout anyway). Pico's fc2 (2048 rows, 384 -> 96) copies
-    2.4x fewer values the second way: 1.72 -> 1.10 ms a call inside the
-    training step, 2 Zen 4 cores (benchmarks/README.md, fifty-first
-    session). The same values up to float rounding (oneDNN's sums run in
-    another order)."""
+    first operand contiguous, here a transposed copy (~1 ms for pico
+    fc2's 2048 x 384 input inside a training step). So the product is
+    taken in the orientation that copies fewer values: `inputsᵀ` (in x
+    rows) as the first operand, or `gradsᵀ` (out x rows) and the `(out,
+    in)` result transposed back (autograd would copy a transposed
+    gradient into the kernel's layout anyway). Pico's fc2 (2048 rows, 384
+    -> 96) copies 3.4x fewer values the second way: 1.72 -> 1.10 ms a
+    call inside the training step, 2 Zen 4 cores (benchmarks/README.md,
+    fifty-first session). The same values up to float rounding (oneDNN's
+    sums run in another order)."""
     rows, width_in = inputs.shape
     width_out = grads.shape[1]
     if width_out * (rows + width_in) < width_in * rows:

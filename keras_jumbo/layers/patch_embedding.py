@@ -24,9 +24,9 @@ MATMUL_INFERENCE_BACKENDS = ("jax", "torch")
 # eager PyTorch the convolution's training step costs two layout copies of
 # the image batch and oneDNN's convolution backward; the matmul's backward
 # is one kernel-gradient product (the input gradient, where one is needed,
-# the gather's). Pico's `train_on_batch` at 128 px, batch 32: 1.04x
-# (2 Zen 4 cores, interleaved rounds; benchmarks/README.md, fifty-first
-# session). The same values and gradients (tested).
+# the gather's). Pico's `train_on_batch` at 128 px, batch 32:
+# 1.005-1.043x in three in-process A/Bs (2 Zen 4 cores; benchmarks/
+# README.md, fifty-first session). The same values and gradients (tested).
 MATMUL_TRAINING_BACKENDS = ("torch",)
 
 
@@ -40,13 +40,13 @@ class PatchEmbedding(keras.layers.Layer):
     last, whatever the image layout, so that position embeddings and the
     encoder see one layout. The projection is a stride-P convolution, the
     same linear map as flattening each patch and applying a Dense layer
-    (ViT, Dosovitskiy et al. 2021, eq. 1; Jumbo paper §2.1). On JAX, a
-    call at inference computes it in that second form
-    (`_matmul_projection`: the patches gathered by one stack of column
-    slices, one matmul), which XLA runs on every CPU thread where it runs
-    the convolution on one; on PyTorch, every call (no layout copies
-    around the convolution); the same numbers to float32 round-off
-    (tested).
+    (ViT, Dosovitskiy et al. 2021, eq. 1; Jumbo paper §2.1). Calls at
+    inference on JAX, and every call on PyTorch, compute it in that
+    second form (`_matmul_projection`: the patches gathered by one stack
+    of column slices, one matmul): XLA runs the matmul on every CPU
+    thread where it runs the convolution on one, and PyTorch skips Keras'
+    layout copies around the convolution. The same numbers and gradients
+    to float32 round-off (tested).
 
     Args:
         hidden_dim: int, width D of each patch token.
