@@ -1250,6 +1250,40 @@ def test_summed_gradients_on_onednn_use_one_kernel_product(rng, monkeypatch):
     assert len(calls) == 9
 
 
+def test_summed_gradients_on_onednn_of_a_narrowing_kernel(rng, monkeypatch):
+    """A shared kernel whose output is narrower than its input (12 -> 3),
+    used twice: its summed gradient is one oneDNN product with `gᵀ` (3 x
+    40 rows of both uses) first, and equals the formula's."""
+    if _off_torch_does_nothing(rng, monkeypatch):
+        return
+    import torch
+
+    kernel = keras.Variable((rng.normal(size=(12, 3)) / 3).astype("float32"))
+    bias = keras.Variable(rng.normal(size=(3,)).astype("float32"))
+    a_np = rng.normal(size=(4, 5, 12)).astype("float32")
+    b_np = rng.normal(size=(20, 12)).astype("float32")
+    ga_np = rng.normal(size=(4, 5, 3)).astype("float32")
+    gb_np = rng.normal(size=(20, 3)).astype("float32")
+    calls = _onednn_spy(monkeypatch, min_macs=0)
+
+    def uses():
+        return (
+            _torch_kernels.linear(torch.tensor(a_np), kernel.value, bias.value),
+            _torch_kernels.linear(torch.tensor(b_np), kernel.value, bias.value),
+        )
+
+    ya, yb = _torch_kernels.summed_gradients([kernel, bias], uses)
+    loss = (ya * torch.tensor(ga_np)).sum() + (yb * torch.tensor(gb_np)).sum()
+    loss.backward()
+    rows_a, rows_ga = a_np.reshape(20, 12), ga_np.reshape(20, 3)
+    assert_allclose(
+        kernel.value.grad, rows_a.T @ rows_ga + b_np.T @ gb_np, atol=1e-5
+    )
+    assert_allclose(bias.value.grad, rows_ga.sum(0) + gb_np.sum(0), atol=1e-5)
+    assert kernel.value.grad.is_contiguous()
+    assert calls == [(4, 5, 12), (20, 12), (3, 40)]
+
+
 def test_transformer_encoder_sums_its_shared_jumbo_ffn_gradients(
     rng, monkeypatch
 ):
