@@ -1396,3 +1396,113 @@ def test_patchtst_encoder_compiles_without_graph_breaks(rng, monkeypatch):
     x = _tensor(rng, (3, 7, 8))
     encoder(x)
     _assert_one_graph(encoder, x)
+
+
+def _post_op_spy(monkeypatch):
+    """`_onednn_spy` (oneDNN forced at every size), recording the post-op
+    of each oneDNN call ("none" or "gelu") instead of its shape."""
+    _onednn_spy(monkeypatch, min_macs=0)
+    post_ops = []
+    if ON_TORCH:
+        import torch
+
+        recorded = torch.ops.mkldnn._linear_pointwise
+
+        def spy(*args):
+            post_ops.append(args[3])
+            return recorded(*args)
+
+        monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    return post_ops
+
+
+def _erf_gelu(x):
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_gelu_on_onednn_equals_the_formula(rng, monkeypatch, with_bias):
+    """An inference call runs the exact GELU as oneDNN's post-op, one
+    call, with the erf formula's values; elsewhere (other backends) the
+    two ops give them."""
+    post_ops = _post_op_spy(monkeypatch)
+    x_np = rng.normal(size=(2, 5, 8)).astype("float32") * 2.0
+    k_np = rng.normal(size=(8, 6)).astype("float32")
+    b_np = rng.normal(size=(6,)).astype("float32") if with_bias else None
+    pre = x_np @ k_np + (0.0 if b_np is None else b_np)
+    x, kernel = ops.convert_to_tensor(x_np), ops.convert_to_tensor(k_np)
+    bias = None if b_np is None else ops.convert_to_tensor(b_np)
+    if ON_TORCH:
+        import torch
+
+        with torch.no_grad():
+            out = _torch_kernels.linear_gelu(x, kernel, bias)
+    else:
+        out = _torch_kernels.linear_gelu(x, kernel, bias)
+    assert_allclose(out, _erf_gelu(pre), atol=1e-5)
+    assert post_ops == (["gelu"] if ON_TORCH else [])
+
+
+def test_linear_gelu_with_a_gradient_keeps_the_two_ops(rng, monkeypatch):
+    """A call that needs a gradient (the backward pass reads the GELU's
+    input) runs the product without post-op and `F.gelu` after it: the
+    formula's values and kernel gradient."""
+    post_ops = _post_op_spy(monkeypatch)
+    x_np = rng.normal(size=(4, 8)).astype("float32")
+    k_np = rng.normal(size=(8, 6)).astype("float32")
+    g_np = rng.normal(size=(4, 6)).astype("float32")
+    pre = x_np @ k_np
+    if not ON_TORCH:
+        out = _torch_kernels.linear_gelu(ops.convert_to_tensor(x_np), k_np)
+        assert_allclose(out, _erf_gelu(pre), atol=1e-5)
+        assert post_ops == []
+        return
+    import torch
+
+    kernel = torch.tensor(k_np, requires_grad=True)
+    out = _torch_kernels.linear_gelu(torch.tensor(x_np), kernel)
+    out.backward(torch.tensor(g_np))
+    density = np.exp(-0.5 * pre**2) / math.sqrt(2.0 * math.pi)
+    derivative = 0.5 * (1.0 + np.vectorize(math.erf)(pre / math.sqrt(2.0)))
+    derivative += pre * density
+    assert_allclose(out.detach(), _erf_gelu(pre), atol=1e-5)
+    assert_allclose(kernel.grad, x_np.T @ (g_np * derivative), atol=1e-5)
+    assert "gelu" not in post_ops
+    assert post_ops
+
+
+def test_mlp_inference_on_onednn_applies_the_gelu_inside_the_matmul(
+    rng, monkeypatch
+):
+    """`MLP` with the exact GELU at inference: fc1 with oneDNN's GELU
+    post-op where oneDNN runs it (PyTorch), the formula's values on
+    every backend, randomised weights; a training call the same values
+    without the post-op."""
+    from keras_jumbo.layers import MLP
+
+    post_ops = _post_op_spy(monkeypatch)
+    layer = MLP(hidden_dim=12, output_dim=5)
+    x_np = rng.normal(size=(3, 4, 7)).astype("float32")
+    layer.build(x_np.shape)
+    for weight in layer.weights:
+        weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    w1, b1, w2, b2 = (
+        ops.convert_to_numpy(w)
+        for w in (layer.fc1.kernel, layer.fc1.bias)
+        + (layer.fc2.kernel, layer.fc2.bias)
+    )
+    expected = _erf_gelu(x_np @ w1 + b1) @ w2 + b2
+    if not ON_TORCH:
+        out = layer(ops.convert_to_tensor(x_np), training=False)
+        assert_allclose(out, expected, atol=1e-4)
+        assert post_ops == []
+        return
+    import torch
+
+    with torch.no_grad():
+        assert_allclose(layer(torch.tensor(x_np)), expected, atol=1e-4)
+    assert post_ops == ["gelu", "none"]
+    post_ops.clear()
+    out = layer(torch.tensor(x_np), training=True)
+    assert_allclose(out.detach(), expected, atol=1e-4)
+    assert post_ops == ["none", "none"]

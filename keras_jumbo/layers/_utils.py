@@ -9,6 +9,7 @@ from keras_jumbo._half_precision import in_float32
 from keras_jumbo._keras_internals import dense_weights
 from keras_jumbo._torch_kernels import exact_gelu
 from keras_jumbo._torch_kernels import linear
+from keras_jumbo._torch_kernels import linear_gelu
 from keras_jumbo._torch_kernels import value_as
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
@@ -62,17 +63,39 @@ def dense(layer, x):
     (`keras_jumbo._torch_kernels.linear`). A quantised or LoRA-enabled
     layer (`model.quantize`, `enable_lora`) goes through its own `call`,
     which knows its scales and adapters."""
-    if (
-        layer.quantization_mode is not None
-        or layer.lora_enabled
-        or layer.activation is not keras.activations.linear
-    ):
+    if not _plain_dense(layer):
         return layer(x)
     kernel, bias = dense_weights(layer)
     return linear(
         x,
         value_as(kernel, x),
         None if bias is None else value_as(bias, x),
+    )
+
+
+def dense_gelu(layer, x):
+    """`gelu(dense(layer, x))`, the exact GELU of a `Dense` sublayer's
+    output (an FFN's first layer). On PyTorch a plain float layer goes
+    through `keras_jumbo._torch_kernels.linear_gelu`, which applies the
+    GELU inside oneDNN's matmul where an inference call runs on it; the
+    same values."""
+    if keras.backend.backend() != "torch" or not _plain_dense(layer):
+        return gelu(dense(layer, x))
+    kernel, bias = dense_weights(layer)
+    return linear_gelu(
+        x,
+        value_as(kernel, x),
+        None if bias is None else value_as(bias, x),
+    )
+
+
+def _plain_dense(layer):
+    """Whether `dense` may compute `layer(x)` from its weights: no
+    activation, Keras LoRA or quantisation."""
+    return (
+        layer.quantization_mode is None
+        and not layer.lora_enabled
+        and layer.activation is keras.activations.linear
     )
 
 

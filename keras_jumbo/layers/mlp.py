@@ -3,7 +3,9 @@ import keras
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import dense
+from keras_jumbo.layers._utils import dense_gelu
 from keras_jumbo.layers._utils import dropout
+from keras_jumbo.layers._utils import gelu
 from keras_jumbo.layers._utils import get_activation
 from keras_jumbo.layers.dropout import Dropout
 
@@ -13,7 +15,10 @@ class MLP(keras.layers.Layer):
     """Transformer FFN: Dense(hidden) -> activation -> dropout -> Dense.
 
     Used for the patch FFN (width D, hidden `mlp_ratio * D`) and for the
-    Jumbo FFN (width J*D, hidden `jumbo_mlp_ratio * J * D`).
+    Jumbo FFN (width J*D, hidden `jumbo_mlp_ratio * J * D`). With the
+    exact GELU on eager PyTorch, an inference call whose first layer runs
+    on oneDNN's matmul applies the GELU inside it
+    (`keras_jumbo._torch_kernels.linear_gelu`): the same values.
 
     Args:
         hidden_dim: int, width of the hidden layer.
@@ -86,7 +91,10 @@ class MLP(keras.layers.Layer):
         self.fc2.build((*input_shape[:-1], self.hidden_dim))
 
     def call(self, inputs, training=None, hidden_mask=None):
-        x = self._activation_fn(dense(self.fc1, inputs))
+        if self._activation_fn is gelu:
+            x = dense_gelu(self.fc1, inputs)
+        else:
+            x = self._activation_fn(dense(self.fc1, inputs))
         if hidden_mask is not None:
             x = x * keras.ops.cast(hidden_mask, x.dtype)
         x = dropout(self.dropout, x, training)
