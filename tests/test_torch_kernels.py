@@ -1506,3 +1506,51 @@ def test_mlp_inference_on_onednn_applies_the_gelu_inside_the_matmul(
     out = layer(torch.tensor(x_np), training=True)
     assert_allclose(out.detach(), expected, atol=1e-4)
     assert post_ops == ["none", "none"]
+
+
+def test_parallel_branch_ffn_applies_the_gelu_inside_the_matmul(
+    rng, monkeypatch
+):
+    """`ParallelBranchBlock`'s FFN branches at inference, λ = 0.3:
+    each branch's fc1 with oneDNN's GELU post-op where oneDNN runs it
+    (PyTorch), the paper's formula on every backend (h_b = x W1_b + b1_b,
+    GELU(h_b + λ Σ_{b'≠b} h_b') W2_b + b2_b), randomised weights; a
+    training call the same values without the post-op."""
+    from keras_jumbo.layers import ParallelBranchBlock
+
+    post_ops = _post_op_spy(monkeypatch)
+    lam, n = 0.3, 3
+    block = ParallelBranchBlock(
+        num_heads=2, mlp_dim=12, num_branches=n, initial_lambda=lam
+    )
+    x_np = rng.normal(size=(2, 4, 8)).astype("float32")
+    block.build(x_np.shape)
+    for weight in block.trainable_weights:
+        weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    w1, b1, w2, b2 = (
+        ops.convert_to_numpy(w).astype("float64")
+        for w in (block.fc1_kernel, block.fc1_bias)
+        + (block.fc2_kernel, block.fc2_bias)
+    )
+    h = [x_np @ w1[b] + b1[b] for b in range(n)]
+    expected = [
+        _erf_gelu(h[b] + lam * sum(h[c] for c in range(n) if c != b)) @ w2[b]
+        + b2[b]
+        for b in range(n)
+    ]
+    expected = np.stack(expected, axis=2)
+    if not ON_TORCH:
+        out = block.mlp_branch_outputs(ops.convert_to_tensor(x_np))
+        assert_allclose(out, expected, atol=1e-4)
+        assert post_ops == []
+        return
+    import torch
+
+    with torch.no_grad():
+        out = block.mlp_branch_outputs(torch.tensor(x_np))
+    assert_allclose(out, expected, atol=1e-4)
+    assert post_ops == ["gelu", "none"] * n
+    post_ops.clear()
+    out = block.mlp_branch_outputs(torch.tensor(x_np), training=True)
+    assert_allclose(out.detach(), expected, atol=1e-4)
+    assert post_ops == ["none", "none"] * n

@@ -76,17 +76,27 @@ def dense(layer, x):
 def dense_gelu(layer, x):
     """`gelu(dense(layer, x))`, the exact GELU of a `Dense` sublayer's
     output (an FFN's first layer). On PyTorch a plain float layer goes
-    through `keras_jumbo._torch_kernels.linear_gelu`, which applies the
-    GELU inside oneDNN's matmul where an inference call runs on it; the
-    same values."""
+    through `linear_then(gelu, ...)` on its weights; the same values."""
     if keras.backend.backend() != "torch" or not _plain_dense(layer):
         return gelu(dense(layer, x))
     kernel, bias = dense_weights(layer)
-    return linear_gelu(
+    return linear_then(
+        gelu,
         x,
         value_as(kernel, x),
         None if bias is None else value_as(bias, x),
     )
+
+
+def linear_then(activation, x, kernel, bias=None):
+    """`activation(linear(x, kernel, bias))`. With the exact GELU
+    (`gelu`, what `get_activation("gelu")` returns) on PyTorch:
+    `keras_jumbo._torch_kernels.linear_gelu`, which applies the GELU
+    inside oneDNN's matmul where an inference call runs on it (the same
+    values); any other activation or backend, the two ops."""
+    if activation is gelu and keras.backend.backend() == "torch":
+        return linear_gelu(x, kernel, bias)
+    return activation(linear(x, kernel, bias))
 
 
 def _plain_dense(layer):

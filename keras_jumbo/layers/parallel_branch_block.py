@@ -10,6 +10,7 @@ from keras_jumbo.layers._utils import check_rank
 from keras_jumbo.layers._utils import check_rate
 from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers._utils import get_activation
+from keras_jumbo.layers._utils import linear_then
 from keras_jumbo.layers.blockwise_mhsa import BlockwiseMHSA
 from keras_jumbo.layers.blockwise_mhsa import pairwise_cosine_squared
 from keras_jumbo.layers.dropout import Dropout
@@ -165,7 +166,10 @@ class ParallelBranchBlock(keras.layers.Layer):
         `(batch, length, n, hidden)` tensor, XLA:CPU transposed every
         hidden activation for the branch-batched weight gradients (training
         1.3x and inference 1.13x the time of the same-MACs deep model, 1.03x
-        and 1.05x branch by branch; `benchmarks/README.md`).
+        and 1.05x branch by branch; `benchmarks/README.md`). The first
+        product and the activation go through `linear_then`: on eager
+        PyTorch an inference call applies the exact GELU inside oneDNN's
+        matmul, as `MLP` does (the same values).
         """
         kernel1 = ops.cast(self.fc1_kernel, x.dtype)
         bias1 = ops.cast(self.fc1_bias, x.dtype)
@@ -176,7 +180,7 @@ class ParallelBranchBlock(keras.layers.Layer):
         bias2 = ops.cast(self.fc2_bias, x.dtype)
         outputs = []
         for b in range(self.num_branches):
-            hidden = self._activation_fn(linear(x, kernel1[b], bias1[b]))
+            hidden = linear_then(self._activation_fn, x, kernel1[b], bias1[b])
             hidden = dropout(self.dropout, hidden, training)
             outputs.append(linear(hidden, kernel2[b], bias2[b]))
         return outputs
