@@ -4,6 +4,8 @@ import keras
 from keras import ops
 
 from keras_jumbo._half_precision import einsum
+from keras_jumbo._torch_kernels import linear
+from keras_jumbo._torch_kernels import reshape
 from keras_jumbo.layers._utils import add_all
 from keras_jumbo.layers._utils import check_positive_int
 from keras_jumbo.layers._utils import check_rank
@@ -12,6 +14,18 @@ from keras_jumbo.layers._utils import dropout
 from keras_jumbo.layers.closed_form import softmax
 from keras_jumbo.layers.dropout import Dropout
 from keras_jumbo.layers.progressive_join import ProgressiveJoin
+
+# The backends whose per-head projections run as one 2-D `linear` product
+# of the token rows (`(batch * length, D)` by `(D, heads * d)`, and back)
+# instead of the per-head einsums: on eager PyTorch, `linear` is oneDNN's
+# matmul where `torch.einsum` is MKL's, which runs its AVX2 kernels on AMD
+# CPUs (`keras_jumbo._torch_kernels`). The same values (bit for bit at
+# inference on 2 Zen 4 cores); one `(16 x 197, 192)` projection 1.05-1.17x
+# faster, NonDeepViT-6x2 and its 12-layer twin predict 1.01-1.12x and
+# train 1.00-1.01x over 14 rounds (224 px, batch 16; benchmarks/README.md,
+# fifty-fourth session). JAX and TensorFlow keep the einsums (XLA picks
+# their products itself).
+LINEAR_PROJECTION_BACKENDS = ("torch",)
 
 
 def pairwise_cosine_squared(branches):
@@ -71,6 +85,11 @@ class BlockwiseMHSA(keras.layers.Layer):
     without it (the paper's eq. 6-7 taken literally) summing W^V and W^O
     across branches adds cross terms W^V_a W^O_b that the branchy model never
     computed.
+
+    On PyTorch each branch's Q, K, V and output projections run as one
+    2-D product of the token rows through `keras_jumbo._torch_kernels.
+    linear` (oneDNN's matmul where the library uses it) instead of the
+    per-head einsums (`LINEAR_PROJECTION_BACKENDS`): the same values.
 
     Args:
         num_heads: int, heads per branch.
@@ -200,8 +219,21 @@ class BlockwiseMHSA(keras.layers.Layer):
         )
         self.output_bias = bias("output_bias", (n, dim))
 
+    def _uses_linear_projections(self):
+        """Whether the per-head projections run as 2-D `linear` products
+        on this backend (`LINEAR_PROJECTION_BACKENDS`)."""
+        return keras.backend.backend() in LINEAR_PROJECTION_BACKENDS
+
     def _project(self, x, kernel, bias, branch):
         """Branch `branch`'s per-head projection `(batch, heads, length, k)`."""
+        if self._uses_linear_projections():
+            kernel = ops.cast(kernel[branch], x.dtype)
+            dim, heads, width = kernel.shape
+            if bias is not None:
+                bias = reshape(ops.cast(bias[branch], x.dtype), (-1,))
+            y = linear(x, reshape(kernel, (dim, heads * width)), bias)
+            y = reshape(y, (*ops.shape(x)[:2], heads, width))
+            return ops.transpose(y, (0, 2, 1, 3))
         if bias is not None:
             bias = ops.cast(bias[branch], x.dtype)[None, :, None, :]
         return einsum(
@@ -280,6 +312,18 @@ class BlockwiseMHSA(keras.layers.Layer):
         return add_all(probabilities) / len(probabilities)
 
     def _project_out(self, heads, branch):
+        if self._uses_linear_projections():
+            kernel = ops.cast(self.output_kernel[branch], heads.dtype)
+            num_heads, width, dim = kernel.shape
+            bias = self.output_bias
+            if bias is not None:
+                bias = ops.cast(bias[branch], heads.dtype)
+            batch, _, length, _ = ops.shape(heads)
+            rows = reshape(
+                ops.transpose(heads, (0, 2, 1, 3)),
+                (batch, length, num_heads * width),
+            )
+            return linear(rows, reshape(kernel, (num_heads * width, dim)), bias)
         bias = self.output_bias
         if bias is not None:
             bias = ops.cast(bias[branch], heads.dtype)

@@ -9,6 +9,7 @@ from keras_jumbo.layers import BlockwiseMHSA
 from keras_jumbo.layers import ParallelBranchBlock
 from keras_jumbo.layers import ProgressiveJoin
 from keras_jumbo.layers import _micro_batch
+from keras_jumbo.layers import blockwise_mhsa
 from keras_jumbo.layers.blockwise_mhsa import pairwise_cosine_squared
 from keras_jumbo.testing import assert_allclose
 from keras_jumbo.testing import randomize_weights
@@ -128,6 +129,49 @@ def test_branch_attention_matches_the_papers_formulas(rng, n, lam):
     )
     # The branch-averaged maps (attention-map distillation, §4).
     assert_allclose(layer.attention_probabilities(x), maps, atol=1e-5)
+
+
+class _EinsumOnly(BlockwiseMHSA):
+    def _uses_linear_projections(self):
+        return False
+
+
+def test_blockwise_mhsa_linear_projections_where_its_backend_uses_them():
+    layer = BlockwiseMHSA(num_heads=2)
+    on_torch = keras.backend.backend() == "torch"
+    assert blockwise_mhsa.LINEAR_PROJECTION_BACKENDS == ("torch",)
+    assert layer._uses_linear_projections() == on_torch
+    assert not _EinsumOnly(num_heads=2)._uses_linear_projections()
+
+
+@pytest.mark.parametrize("n,lam", [(1, 0.0), (3, 0.4)])
+def test_blockwise_mhsa_training_step_equals_the_einsums(rng, n, lam):
+    # One SGD step (a Dense before the layer, so the input gradient counts
+    # too) through the layer as each backend runs it (PyTorch: the q/k/v
+    # and output projections as 2-D `linear` products) against the
+    # per-head einsums: the same outputs and weights after; every
+    # trainable weight moved but the key bias, whose gradient is zero (it
+    # adds the same q·b to every score of a query's row).
+    kwargs = {"num_heads": 2, "num_branches": n, "initial_lambda": lam}
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    target = rng.normal(size=(2, 5, 8)).astype("float32")
+    ours, stock = BlockwiseMHSA(**kwargs), _EinsumOnly(**kwargs)
+    ours.build(x.shape)
+    randomize_weights(ours)
+    stock.build(x.shape)
+    stock.set_weights(ours.get_weights())
+    assert_allclose(ours(x), stock(x), atol=1e-5)
+    before = [np.asarray(w) for w in ours.get_weights()]
+    got = reference.weights_after_one_sgd_step(ours, x, target)
+    want = reference.weights_after_one_sgd_step(stock, x, target)
+    for g, w in zip(got, want, strict=True):
+        assert_allclose(g, w, atol=1e-5, rtol=1e-4)
+    trainable = [
+        np.abs(np.asarray(a) - b).max()
+        for a, b, weight in zip(got[2:], before, ours.weights, strict=True)
+        if weight.trainable and weight is not ours.key_bias
+    ]
+    assert len(trainable) == 7 and min(trainable) > 1e-4
 
 
 def test_parallel_branch_block_layer_checks():
