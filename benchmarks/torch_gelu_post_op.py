@@ -5,9 +5,10 @@ post-op (issue #15): in one process, on one model with the same weights
 and batch, it alternates `predict_on_batch` steps with the post-op and
 with the two ops it replaces (`exact_gelu(linear(...))`, swapped in
 where the layers call it, `layers._utils.linear_gelu`: every `MLP` and
-the Non-Deep ViT's branch FFNs), and prints the largest difference of
-the outputs, the median milliseconds of each and the median of the
-per-step ratios two ops / post-op (above 1: the post-op is faster).
+the Non-Deep ViT's branch FFNs), every weight randomised (no zero
+head), and prints the largest difference of the outputs, the median
+milliseconds of each and the median of the per-step ratios two ops /
+post-op (above 1: the post-op is faster).
 
     python benchmarks/torch_gelu_post_op.py [--model official_jumbo_pico]
         [--image-size 128] [--batch 64] [--rounds 30] [--threads N]
@@ -34,6 +35,7 @@ import torch  # noqa: E402
 from keras_jumbo import _torch_kernels  # noqa: E402
 from keras_jumbo import convert  # noqa: E402
 from keras_jumbo.layers import _utils  # noqa: E402
+from keras_jumbo.testing import randomize_weights  # noqa: E402
 
 
 def _two_ops(x, kernel, bias=None):
@@ -54,9 +56,10 @@ def build(name, image_size):
 
 
 def run(args):
-    """`(largest |difference|, {variant: [ms per step]})`."""
+    """`(largest |difference|, largest |output|, {variant: [ms per
+    step]})`."""
     torch.set_num_threads(args.threads)
-    model = build(args.model, args.image_size)
+    model = randomize_weights(build(args.model, args.image_size))
     shape = (args.batch,) + tuple(model.input_shape[1:])
     x = np.random.default_rng(0).normal(size=shape).astype("float32")
     outputs = {}
@@ -65,6 +68,7 @@ def run(args):
         model.predict_on_batch(x)
         outputs[name] = np.asarray(model.predict_on_batch(x))
     difference = float(np.abs(outputs["post_op"] - outputs["two_ops"]).max())
+    largest = float(np.abs(outputs["two_ops"]).max())
     times = {name: [] for name in VARIANTS}
     try:
         for index in range(args.rounds):
@@ -76,7 +80,7 @@ def run(args):
                 times[name].append((time.perf_counter() - start) * 1e3)
     finally:
         _utils.linear_gelu = VARIANTS["post_op"]
-    return difference, times
+    return difference, largest, times
 
 
 def main(argv=None):
@@ -90,7 +94,7 @@ def main(argv=None):
     for name in ("image_size", "batch", "rounds", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    difference, times = run(args)
+    difference, largest, times = run(args)
     post_op, two_ops = times["post_op"], times["two_ops"]
     pairs = zip(two_ops, post_op, strict=True)
     ratio = statistics.median(a / b for a, b in pairs)
@@ -99,7 +103,10 @@ def main(argv=None):
         f"PyTorch predict_on_batch, {args.threads} threads, {args.rounds} "
         "alternated rounds (medians)"
     )
-    print(f"largest |difference| of the outputs: {difference:.3g}")
+    print(
+        f"largest |difference| of the outputs: {difference:.3g} (largest "
+        f"|output| {largest:.3g}; every weight randomised)"
+    )
     print("| post-op (ms) | two ops (ms) | two ops / post-op, per step |")
     print("|---|---|---|")
     print(
