@@ -21,10 +21,10 @@ from keras_jumbo.layers.progressive_join import ProgressiveJoin
 # matmul where `torch.einsum` is MKL's, which runs its AVX2 kernels on AMD
 # CPUs (`keras_jumbo._torch_kernels`). The same values (bit for bit at
 # inference on 2 Zen 4 cores); one `(16 x 197, 192)` projection 1.05-1.17x
-# faster, NonDeepViT-6x2 and its 12-layer twin predict 1.01-1.12x and
-# train 1.00-1.01x over 14 rounds (224 px, batch 16; benchmarks/README.md,
-# fifty-fourth session). JAX and TensorFlow keep the einsums (XLA picks
-# their products itself).
+# faster, NonDeepViT-6x2 predict 1.00-1.06x, its 12-layer twin 1.02-1.12x,
+# both train 1.00-1.01x over 14 rounds (224 px, batch 16; 4x3 predict
+# 0.96x in one run; benchmarks/README.md, fifty-fourth session). JAX and
+# TensorFlow keep the einsums (XLA picks their products itself).
 LINEAR_PROJECTION_BACKENDS = ("torch",)
 
 
