@@ -226,19 +226,19 @@ class BlockwiseMHSA(keras.layers.Layer):
 
     def _project(self, x, kernel, bias, branch):
         """Branch `branch`'s per-head projection `(batch, heads, length, k)`."""
+        kernel = ops.cast(kernel[branch], x.dtype)
+        if bias is not None:
+            bias = ops.cast(bias[branch], x.dtype)
         if self._uses_linear_projections():
-            kernel = ops.cast(kernel[branch], x.dtype)
             dim, heads, width = kernel.shape
             if bias is not None:
-                bias = reshape(ops.cast(bias[branch], x.dtype), (-1,))
+                bias = reshape(bias, (-1,))
             y = linear(x, reshape(kernel, (dim, heads * width)), bias)
             y = reshape(y, (*ops.shape(x)[:2], heads, width))
             return ops.transpose(y, (0, 2, 1, 3))
         if bias is not None:
-            bias = ops.cast(bias[branch], x.dtype)[None, :, None, :]
-        return einsum(
-            "bsd,dhk->bhsk", x, ops.cast(kernel[branch], x.dtype), bias=bias
-        )
+            bias = bias[None, :, None, :]
+        return einsum("bsd,dhk->bhsk", x, kernel, bias=bias)
 
     def _heads(self, inputs, training=None):
         """Per-branch attention outputs, a list of n `(batch, heads, length,
@@ -312,27 +312,19 @@ class BlockwiseMHSA(keras.layers.Layer):
         return add_all(probabilities) / len(probabilities)
 
     def _project_out(self, heads, branch):
+        kernel = ops.cast(self.output_kernel[branch], heads.dtype)
+        bias = self.output_bias
+        if bias is not None:
+            bias = ops.cast(bias[branch], heads.dtype)
         if self._uses_linear_projections():
-            kernel = ops.cast(self.output_kernel[branch], heads.dtype)
             num_heads, width, dim = kernel.shape
-            bias = self.output_bias
-            if bias is not None:
-                bias = ops.cast(bias[branch], heads.dtype)
             batch, _, length, _ = ops.shape(heads)
             rows = reshape(
                 ops.transpose(heads, (0, 2, 1, 3)),
                 (batch, length, num_heads * width),
             )
             return linear(rows, reshape(kernel, (num_heads * width, dim)), bias)
-        bias = self.output_bias
-        if bias is not None:
-            bias = ops.cast(bias[branch], heads.dtype)
-        return einsum(
-            "bhqk,hkd->bqd",
-            heads,
-            ops.cast(self.output_kernel[branch], heads.dtype),
-            bias=bias,
-        )
+        return einsum("bhqk,hkd->bqd", heads, kernel, bias=bias)
 
     def _branch_outputs(self, inputs, training=None):
         """Each branch's output `(batch, length, D)`, a list of n."""
