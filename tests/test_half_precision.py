@@ -1,8 +1,8 @@
 """`keras_jumbo._half_precision`: float32 inputs give exactly the
-`keras.ops` result; bfloat16 ones on JAX the float64 function of the
-bfloat16 values rounded once to bfloat16 (float32 round-off apart), values
-and gradients. Elsewhere the products are `keras.ops`' own (a product,
-then its bias, each rounded)."""
+`keras.ops` result; bfloat16 ones on JAX (and TensorFlow under XLA) the
+float64 function of the bfloat16 values rounded once to bfloat16
+(float32 round-off apart), values and gradients. Elsewhere the products
+are `keras.ops`' own (a product, then its bias, each rounded)."""
 
 import keras
 import numpy as np
@@ -227,3 +227,115 @@ def test_mixed_bfloat16_dense_layer_on_the_library_path(rng):
     expected = h @ w2 + b2
     error = np.abs(_f64(out) - expected).max() / np.abs(expected).max()
     assert error < 2.0**-6, error
+
+
+def _xla_vjp(function, args, cotangent):
+    """`function(*args)` and its gradients (`_vjp`'s) traced and run by
+    TensorFlow under XLA (`jit_compile=True`, as Keras compiles a step),
+    and the op types of the traced graph."""
+    import tensorflow as tf
+
+    def run(*args):
+        return function(*args), _vjp(function, args, cotangent)
+
+    compiled = tf.function(run, jit_compile=True)
+    out, grads = compiled(*args)
+    graph = compiled.get_concrete_function(*args).graph
+    return out, grads, {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's XLA path")
+@pytest.mark.parametrize(
+    "subscripts, bias_shape",
+    [
+        ("mk,kn->mn", None),
+        ("mk,kn->mn", (7,)),
+        ("bhqk,bhsk->bhqs", None),
+        ("bhqs,bhsk->bhqk", None),
+        ("bsd,dhk->bhsk", (1, 3, 1, 8)),
+        ("bhqk,hkd->bqd", (7,)),
+    ],
+)
+def test_tensorflow_under_xla_rounds_once(rng, subscripts, bias_shape):
+    """Traced for XLA on TensorFlow, the products are XLA dots asked for
+    a float32 result (`XlaDotV2`), forward and gradients: each rounded
+    once, as on JAX (`keras.ops`' products, each step rounded, outside
+    XLA: the tests above)."""
+    sizes = dict(b=2, h=3, q=5, s=6, k=8, d=7, m=9, n=7)
+    inputs, output = subscripts.split("->")
+    first, second = inputs.split(",")
+    a, a64 = _bf16(rng, [sizes[c] for c in first])
+    b, b64 = _bf16(rng, [sizes[c] for c in second])
+    args, bias64 = [a, b], 0.0
+    if bias_shape is not None:
+        bias, bias64 = _bf16(rng, bias_shape, scale=3.0)
+        args.append(bias)
+    g, g64 = _bf16(rng, [sizes[c] for c in output])
+    if subscripts == "mk,kn->mn":
+        function = _half_precision.matmul
+    else:
+
+        def function(a, b, bias=None):
+            return _half_precision.einsum(subscripts, a, b, bias=bias)
+
+    out, grads, op_types = _xla_vjp(function, args, g)
+    assert "XlaDotV2" in op_types and not op_types & {"MatMul", "Einsum"}
+    _assert_rounded_once(out, np.einsum(subscripts, a64, b64) + bias64)
+    _assert_rounded_once(
+        grads[0], np.einsum(f"{output},{second}->{first}", g64, b64)
+    )
+    _assert_rounded_once(
+        grads[1], np.einsum(f"{first},{output}->{second}", a64, g64)
+    )
+    if bias_shape is not None:
+        lead = g64.ndim - len(bias_shape)
+        summed = g64.sum(axis=tuple(range(lead)))
+        summed = summed.sum(
+            axis=tuple(i for i, n in enumerate(bias_shape) if n == 1),
+            keepdims=True,
+        )
+        _assert_rounded_once(grads[2], summed.reshape(bias_shape))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's XLA path")
+def test_tensorflow_under_xla_other_products_keep_keras_ops(rng):
+    """Under XLA, a batched `matmul` (not 2-D) and einsums whose form
+    TensorFlow's XLA:CPU may not run asked for a float32 result
+    (`_tf_runs_wide`: batch axes not leading, two own axes of one
+    operand) keep `keras.ops`' products (no `XlaDotV2`; a product, then
+    its rounding); float32 operands too."""
+    import tensorflow as tf
+
+    x, x64 = _bf16(rng, (2, 9, 24))
+    kernel, kernel64 = _bf16(rng, (2, 24, 5))
+    p, p64 = _bf16(rng, (2, 3, 7, 7))
+    v, v64 = _bf16(rng, (2, 7, 3, 8))
+    rows, rows64 = _bf16(rng, (2, 6, 7))
+    images, images64 = _bf16(rng, (2, 7, 5, 3))
+    x32, kernel32 = ops.cast(x, "float32"), ops.cast(kernel, "float32")
+    assert not _half_precision._tf_runs_wide("bhqs,bshk->bqhk")
+    assert not _half_precision._tf_runs_wide("bij,bjwc->biwc")
+    assert _half_precision._tf_runs_wide("bhqs,bhsk->bhqk")
+    assert _half_precision._tf_runs_wide("bsd,dhk->bhsk")
+
+    def run(x, kernel, p, v, rows, images, x32, kernel32):
+        return (
+            _half_precision.matmul(x, kernel),
+            _half_precision.einsum("bhqs,bshk->bqhk", p, v),
+            _half_precision.einsum("bij,bjwc->biwc", rows, images),
+            _half_precision.matmul(x32, kernel32),
+        )
+
+    args = (x, kernel, p, v, rows, images, x32, kernel32)
+    compiled = tf.function(run, jit_compile=True)
+    batched, attended, mixed, wide = compiled(*args)
+    graph = compiled.get_concrete_function(*args).graph
+    assert "XlaDotV2" not in {op.type for op in graph.get_operations()}
+    _assert_rounded_once(batched, x64 @ kernel64, times=2)
+    _assert_rounded_once(
+        attended, np.einsum("bhqs,bshk->bqhk", p64, v64), times=2
+    )
+    _assert_rounded_once(
+        mixed, np.einsum("bij,bjwc->biwc", rows64, images64), times=2
+    )
+    assert_allclose(wide, x64 @ kernel64, atol=1e-5, rtol=1e-5)
