@@ -115,7 +115,8 @@ def _wide_backend(given):
 
 def matmul(x1, x2, bias=None):
     """`ops.matmul(x1, x2)` (plus `bias`, if given); for half-precision
-    operands on JAX's CPU, accumulated in float32 on the CPU's
+    operands on JAX's CPU (2-D ones traced for XLA on TensorFlow's CPU
+    too), accumulated in float32 on the CPU's
     half-precision kernels, the bias added in float32, the sum rounded to
     the operands' dtype (see the module docstring). For 2-D operands the
     gradients are such products too (`einsum`'s)."""
@@ -147,7 +148,9 @@ def einsum(subscripts, *operands, bias=None):
     within one operand), explicit `->` and no `...`, the gradients are
     such products too: autodiff of the float32 result would multiply a
     float32 cotangent, which XLA computes as a float32 product (and sum a
-    bfloat16 bias's gradient in bfloat16)."""
+    bfloat16 bias's gradient in bfloat16). Traced for XLA on TensorFlow's
+    CPU, such products whose form `_tf_runs_wide` accepts run the same
+    way; other einsums there are `ops.einsum`'s."""
     operands = [ops.convert_to_tensor(x) for x in operands]
     if bias is not None:
         bias = ops.convert_to_tensor(bias)
@@ -188,11 +191,11 @@ def _tf_runs_wide(subscripts):
     """Whether TensorFlow's XLA runs two-operand product `subscripts` as
     a bfloat16 dot asked for a float32 result: with no batch indices (in
     both operands and the output), or with batch indices leading both
-    operands and the output in one order and one index of each operand
-    of its own (a batched matrix product); its gradients' products are
-    then of the same kind. TensorFlow 2.21's XLA:CPU fails (`Unsupported
-    element type for DotThunk`) on some other such dots (batch axes not
-    leading, `bhqs,bqhk->bshk`; two own axes of one operand,
+    operands and the output in one order, one index of each operand of
+    its own and one summed (a batched matrix product); its gradients'
+    products are then of the same kind. TensorFlow 2.21's XLA:CPU fails
+    (`Unsupported element type for DotThunk`) on some other such dots
+    (batch axes not leading, `bhqs,bqhk->bshk`; two own axes of one operand,
     `bij,bjwc->biwc`), at some sizes; those keep `keras.ops`' einsum.
     The accepted forms, the library's, ran at every size tried
     (fifty-sixth session, 294 random shapes)."""
@@ -205,8 +208,11 @@ def _tf_runs_wide(subscripts):
         [c for c in x if c not in y]
         for x, y in ((first, second), (second, first))
     ]
-    return all(len(o) == 1 for o in own) and all(
-        x.startswith(batch) for x in (first, second, output)
+    summed = [c for c in first if c in second and c not in output]
+    return (
+        len(summed) == 1
+        and all(len(o) == 1 for o in own)
+        and all(x.startswith(batch) for x in (first, second, output))
     )
 
 

@@ -317,6 +317,8 @@ def test_tensorflow_under_xla_other_products_keep_keras_ops(rng):
     assert not _half_precision._tf_runs_wide("bij,bjwc->biwc")
     assert _half_precision._tf_runs_wide("bhqs,bhsk->bhqk")
     assert _half_precision._tf_runs_wide("bsd,dhk->bhsk")
+    # Two summed indices: a gradient with two own axes of one operand.
+    assert not _half_precision._tf_runs_wide("bqkj,bkjl->bql")
 
     def run(x, kernel, p, v, rows, images, x32, kernel32):
         return (
