@@ -10,6 +10,7 @@ over the matmuls' (above 1: the matmuls are faster) and which form the
 library picks.
 
     python benchmarks/torch_attention.py [--threads 2 --rounds 3]
+        [--shapes 32,197,3,64 16,257,6,64]
 """
 
 import argparse
@@ -77,11 +78,33 @@ def best_ms(form, qkv, upstream, heads, head_dim, train, repeats):
     return 1e3 * min(times)
 
 
+def _shape(text):
+    """`"32,197,3,64"` as `(32, 197, 3, 64)`."""
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            "a shape is four positive integers batch,length,heads,head_dim; "
+            f"received {text!r}"
+        )
+    return shape
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=_shape,
+        default=SHAPES,
+        help="batch,length,heads,head_dim of each attention to time "
+        "(default: the built-in list)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -94,7 +117,7 @@ def main(argv=None):
         "batch length heads head_dim | fused ms  matmuls ms  ratio "
         "(inference) | fused ms  matmuls ms  ratio (fwd+bwd) | library"
     )
-    for batch, length, heads, head_dim in SHAPES:
+    for batch, length, heads, head_dim in args.shapes:
         width = heads * head_dim
         qkv = torch.tensor(
             rng.normal(size=(batch, length, 3 * width)), dtype=torch.float32
