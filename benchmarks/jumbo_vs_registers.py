@@ -20,7 +20,11 @@ prints each round's ratio and the median images/s and ratio.
 Beside it, the ratio the two models' multiply-accumulates alone predict
 (`count_macs`: Registers' MACs / Jumbo's, the ratio at equal FLOP
 efficiency) and the measured ratio over it ("efficiency": below 1 when
-Jumbo's work runs slower per MAC than Registers'). Defaults are GPU-sized
+Jumbo's work runs slower per MAC than Registers'). `--dtype bfloat16` is
+`mixed_bfloat16`; `--dtype pure-bfloat16` stores the weights in bfloat16
+too (no float32 -> bfloat16 cast of every kernel in every step: on JAX's
+CPU the casts of Jumbo's wide FFN kernels are what slows Jumbo under
+mixed precision). Defaults are GPU-sized
 (batch 512); on a CPU use e.g. `--batch 64 --steps 10`.
 
 Command:
@@ -89,7 +93,13 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16"]
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "pure-bfloat16"],
+        help="bfloat16: mixed_bfloat16 (float32 weights, cast to bfloat16 "
+        "in every step); pure-bfloat16: the bfloat16 policy, every weight "
+        'stored in bfloat16 (what `with_config(model, dtype="bfloat16")` '
+        "makes of a trained model for inference)",
     )
     parser.add_argument(
         "--allocator",
@@ -104,8 +114,9 @@ def main(argv=None):
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1; received {args.rounds}")
     kept = apply_allocator(args.allocator)
-    if args.dtype == "bfloat16":
-        keras.config.set_dtype_policy("mixed_bfloat16")
+    policies = {"bfloat16": "mixed_bfloat16", "pure-bfloat16": "bfloat16"}
+    if args.dtype in policies:
+        keras.config.set_dtype_policy(policies[args.dtype])
     rng = np.random.default_rng(0)
     images = keras.ops.convert_to_tensor(
         rng.normal(

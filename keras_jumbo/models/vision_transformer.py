@@ -694,6 +694,11 @@ def with_config(model, **changes):
     `classifier_activation`); one that does not raises a `ValueError`
     naming the changes.
 
+    `dtype="bfloat16"` gives a trained model's inference copy with every
+    weight stored in bfloat16 (rounded once; `ProgressiveJoin`'s λ stays
+    float32): under `mixed_bfloat16` JAX's CPU casts each float32 kernel
+    in every step, which slows JumboViT's wide FFN most.
+
     Returns:
         `(new_model, head_kept)`: `head_kept` is False when the classifier
         was not copied.

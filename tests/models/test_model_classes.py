@@ -305,6 +305,42 @@ def test_mixed_precision_model_computes_the_float_function(group, tmp_path):
     assert_allclose(keras.ops.cast(reloaded(x), "float32"), out, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("group", ("jumbo_vit", "non_deep_vit_6x2"))
+def test_with_config_makes_a_bfloat16_copy_for_inference(group, tmp_path):
+    """`with_config(model, dtype="bfloat16")` stores every weight of a
+    trained (here `mixed_bfloat16`) model in bfloat16: each is the float32
+    weight rounded to bfloat16, the head kept, and the copy computes the
+    float function to bfloat16 error (the recommended inference copy on
+    JAX's CPU: no per-step cast of the float32 kernels)."""
+    name = model_groups()[group][0]
+    overrides, x = tiny(name)
+    x = x.astype("float32")
+    mixed = models.create_model(name, **overrides, dtype="mixed_bfloat16")
+    randomize_weights(mixed, scale=0.2)
+    copy, head_kept = models.with_config(mixed, dtype="bfloat16")
+    assert head_kept
+    assert copy.get_config()["dtype"] == "bfloat16"
+    assert len(copy.weights) == len(mixed.weights)
+    for old, new in zip(mixed.weights, copy.weights, strict=True):
+        # ProgressiveJoin keeps its λ (the schedule's value) in float32.
+        kept = "float32" if new.path.endswith("join_lambda") else "bfloat16"
+        assert new.dtype == kept, new.path
+        rounded = keras.ops.cast(keras.ops.cast(old, kept), "float32")
+        assert_allclose(keras.ops.cast(new, "float32"), rounded, atol=0, rtol=0)
+    float_model, _ = models.with_config(mixed, dtype="float32")
+    expected = keras.ops.convert_to_numpy(float_model(x))
+    out = copy(x)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    out = keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
+    error = np.abs(out - expected).max() / np.abs(expected).max()
+    assert error < 0.05, error
+    copy.save(tmp_path / "bf16.keras")
+    reloaded = keras.saving.load_model(tmp_path / "bf16.keras")
+    dtypes = [w.dtype for w in copy.weights]
+    assert [w.dtype for w in reloaded.weights] == dtypes
+    assert_allclose(keras.ops.cast(reloaded(x), "float32"), out, atol=0, rtol=0)
+
+
 def test_dtype_argument_errors():
     overrides, _ = tiny("vit_tiny")
     with pytest.raises(ValueError, match="dtype='bogus'"):
