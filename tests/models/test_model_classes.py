@@ -283,6 +283,21 @@ def test_dtype_argument_reaches_every_layer(group):
     assert "dtype" not in models.create_model(name, **overrides).get_config()
 
 
+def assert_bfloat16_model_computes(model, x, expected, path):
+    """`model(x)` is bfloat16, `expected` (the float function) to
+    bfloat16 error, and the same bits after a `.keras` save and reload;
+    returns the reloaded model."""
+    out = model(x)
+    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+    out = keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
+    error = np.abs(out - expected).max() / np.abs(expected).max()
+    assert error < 0.05, error
+    model.save(path)
+    reloaded = keras.saving.load_model(path)
+    assert_allclose(keras.ops.cast(reloaded(x), "float32"), out, atol=0, rtol=0)
+    return reloaded
+
+
 @pytest.mark.parametrize("group", QUANTIZED_GROUPS)
 def test_mixed_precision_model_computes_the_float_function(group, tmp_path):
     name = model_groups()[group][0]
@@ -294,15 +309,10 @@ def test_mixed_precision_model_computes_the_float_function(group, tmp_path):
     mixed.set_weights(model.get_weights())
     assert all(w.dtype == "float32" for w in mixed.weights)
     expected = keras.ops.convert_to_numpy(model(x))
-    out = mixed(x)
-    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
-    out = keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
-    error = np.abs(out - expected).max() / np.abs(expected).max()
-    assert error < 0.05, error
-    mixed.save(tmp_path / "mixed.keras")
-    reloaded = keras.saving.load_model(tmp_path / "mixed.keras")
+    reloaded = assert_bfloat16_model_computes(
+        mixed, x, expected, tmp_path / "mixed.keras"
+    )
     assert reloaded.get_config()["dtype"] == "mixed_bfloat16"
-    assert_allclose(keras.ops.cast(reloaded(x), "float32"), out, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("group", ("jumbo_vit", "non_deep_vit_6x2"))
@@ -329,16 +339,11 @@ def test_with_config_makes_a_bfloat16_copy_for_inference(group, tmp_path):
         assert_allclose(keras.ops.cast(new, "float32"), rounded, atol=0, rtol=0)
     float_model, _ = models.with_config(mixed, dtype="float32")
     expected = keras.ops.convert_to_numpy(float_model(x))
-    out = copy(x)
-    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
-    out = keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
-    error = np.abs(out - expected).max() / np.abs(expected).max()
-    assert error < 0.05, error
-    copy.save(tmp_path / "bf16.keras")
-    reloaded = keras.saving.load_model(tmp_path / "bf16.keras")
+    reloaded = assert_bfloat16_model_computes(
+        copy, x, expected, tmp_path / "bf16.keras"
+    )
     dtypes = [w.dtype for w in copy.weights]
     assert [w.dtype for w in reloaded.weights] == dtypes
-    assert_allclose(keras.ops.cast(reloaded(x), "float32"), out, atol=0, rtol=0)
 
 
 def test_dtype_argument_errors():
