@@ -621,8 +621,11 @@ def _run_worker(name, args, argv):
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [os.path.abspath(root), env.get("PYTHONPATH")])
     )
+    python = sys.executable
+    if args.jax_python and KERAS_BACKENDS.get(name) == "jax":
+        python = args.jax_python
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--worker", name, *argv],
+        [python, os.path.abspath(__file__), "--worker", name, *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -731,6 +734,14 @@ def main(argv=None):
         type=int,
         default=20,
         help="timings per product for the matmul floor (the best counts)",
+    )
+    parser.add_argument(
+        "--jax-python",
+        help="run the keras_jumbo JAX contenders (jax, jax_kept, ...) under "
+        "this Python interpreter instead of this one, e.g. a Python 3.12+ "
+        "environment with a newer jax than the project's (it needs keras "
+        "and keras_jumbo; the official code and the matmul floor stay on "
+        "this interpreter)",
     )
     parser.add_argument("--csv", help="write the rows here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
