@@ -765,6 +765,13 @@ def main(argv=None):
             "--official-repo must be a checkout of the official Jumbo code "
             f"(with models/jumbo.py). Received: {args.official_repo!r}"
         )
+    if args.jax_python and not (
+        os.path.isfile(args.jax_python) and os.access(args.jax_python, os.X_OK)
+    ):
+        parser.error(
+            "--jax-python must be an executable Python interpreter. "
+            f"Received: {args.jax_python!r}"
+        )
     passed = [
         f"--official-repo={args.official_repo}",
         f"--size={args.size}",
