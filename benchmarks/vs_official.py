@@ -30,6 +30,12 @@ reported:
                       `keras_jumbo.runtime.keep_freed_memory()` (what the
                       recipes do on JAX: each step's buffer is reused, not
                       page-faulted in again)
+    jax_alt, jax_kept_alt
+                      jax and jax_kept under the interpreter given with
+                      `--jax-python` (e.g. a Python 3.12+ environment with a
+                      newer jax than Python 3.11 installs), so that two jax
+                      releases run side by side in one run. Not default
+                      contenders: ask for them with `--contenders`
     tensorflow_xla    keras_jumbo on TensorFlow with `jit_compile=True`
                       (XLA; Keras' "auto" turns XLA off on CPU-only
                       TensorFlow machines)
@@ -137,6 +143,8 @@ CONTENDERS = (
     "jax_xla_defaults",
     "jax_kept",
     "jax_bf16_copy",
+    "jax_alt",
+    "jax_kept_alt",
     "tensorflow",
     "tensorflow_xla",
     "torch",
@@ -156,6 +164,8 @@ KERAS_BACKENDS = {
     "jax_xla_defaults": "jax",
     "jax_kept": "jax",
     "jax_bf16_copy": "jax",
+    "jax_alt": "jax",
+    "jax_kept_alt": "jax",
     "tensorflow": "tensorflow",
     "tensorflow_xla": "tensorflow",
     "torch": "torch",
@@ -262,6 +272,8 @@ def _official(args, compiled):
 
 
 def _keras(args, contender):
+    # jax_alt / jax_kept_alt: jax / jax_kept under `--jax-python`.
+    contender = contender.removesuffix("_alt")
     import keras
     import numpy as np
 
@@ -621,9 +633,7 @@ def _run_worker(name, args, argv):
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [os.path.abspath(root), env.get("PYTHONPATH")])
     )
-    python = sys.executable
-    if args.jax_python and KERAS_BACKENDS.get(name) == "jax":
-        python = args.jax_python
+    python = args.jax_python if name.endswith("_alt") else sys.executable
     out = subprocess.run(
         [python, os.path.abspath(__file__), "--worker", name, *argv],
         env=env,
@@ -704,7 +714,11 @@ def main(argv=None):
         "--contenders",
         nargs="+",
         choices=CONTENDERS,
-        default=[c for c in CONTENDERS if c != "jax_bf16_copy"],
+        default=[
+            c
+            for c in CONTENDERS
+            if c not in ("jax_bf16_copy", "jax_alt", "jax_kept_alt")
+        ],
     )
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--bf16", action="store_true")
@@ -737,11 +751,10 @@ def main(argv=None):
     )
     parser.add_argument(
         "--jax-python",
-        help="run the keras_jumbo JAX contenders (jax, jax_kept, ...) under "
-        "this Python interpreter instead of this one, e.g. a Python 3.12+ "
-        "environment with a newer jax than the project's (it needs keras "
-        "and keras_jumbo; the official code and the matmul floor stay on "
-        "this interpreter)",
+        help="the Python interpreter of the jax_alt / jax_kept_alt "
+        "contenders, e.g. a Python 3.12+ environment with a newer jax than "
+        "this one's (it needs keras and keras_jumbo; every other contender "
+        "and the matmul floor stay on this interpreter)",
     )
     parser.add_argument("--csv", help="write the rows here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -764,6 +777,12 @@ def main(argv=None):
         parser.error(
             "--official-repo must be a checkout of the official Jumbo code "
             f"(with models/jumbo.py). Received: {args.official_repo!r}"
+        )
+    alternates = [c for c in args.contenders if c.endswith("_alt")]
+    if alternates and not args.jax_python:
+        parser.error(
+            f"--contenders {' '.join(alternates)} need --jax-python. "
+            "Received: no --jax-python"
         )
     if args.jax_python and not (
         os.path.isfile(args.jax_python) and os.access(args.jax_python, os.X_OK)
