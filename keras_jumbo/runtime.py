@@ -124,6 +124,18 @@ def keep_freed_memory():
     waited for their batches, faulted ~1.7 GB each in most processes;
     benchmarks/README.md, thirty-seventh and forty-third sessions).
 
+    With jax 0.11 and later on glibc 2.36 (Debian 12) the process may
+    keep one more step buffer than it needs: the 12-layer ViT-Tiny-shaped
+    model at 224 px, batch 16, held a 2.3 GB heap from its second step
+    on, against 1.4 GB on jax 0.10.2 (its step's temporary buffer is
+    ~975 MB on both). XLA's buffers are aligned allocations (above
+    malloc's 16 bytes), and glibc 2.36 reuses a freed block for such a
+    request only if the block is larger than the request plus the
+    alignment, so the first step's freed buffer, an exact fit with a
+    live block above it, is passed over once. The heap stops growing
+    after that, and the steps were not slower (benchmarks/README.md,
+    sixty-fourth session).
+
     Call it before the first JAX computation (after `import keras` is
     fine): JAX reads the dispatch setting when it creates its CPU client,
     and threads that allocated before the call keep their arena. Called
