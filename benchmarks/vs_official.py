@@ -113,6 +113,10 @@ Usage (2-core CPU; about 20 minutes, of which the matmul floor ~2):
     # every contender with glibc's malloc on transparent huge pages
     python benchmarks/vs_official.py --official-repo DIR \
         --allocator huge-pages
+    # every contender with another malloc (LD_PRELOAD), e.g. gperftools'
+    # tcmalloc from Debian's libtcmalloc-minimal4
+    python benchmarks/vs_official.py --official-repo DIR \
+        --malloc-library /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
     # the paper's GPU comparison (Jumbo Table 6: RTX 4090, batch 512, bf16)
     python benchmarks/vs_official.py --official-repo DIR --device gpu \
         --batch 512 --train-batch 512 --bf16 --image-size 224
@@ -625,6 +629,10 @@ def _run_worker(name, args, argv):
         from keras_jumbo import runtime
 
         env = runtime.with_huge_pages(env)
+    if args.malloc_library:
+        env["LD_PRELOAD"] = os.pathsep.join(
+            filter(None, [args.malloc_library, env.get("LD_PRELOAD")])
+        )
     if name in KERAS_BACKENDS:
         env["KERAS_BACKEND"] = KERAS_BACKENDS[name]
     elif name in ("peak", "matmul_floor", "matmul_floor_one_core"):
@@ -736,6 +744,13 @@ def main(argv=None):
         "keras_jumbo.runtime.with_huge_pages)",
     )
     parser.add_argument(
+        "--malloc-library",
+        help="a malloc replacement (shared library) preloaded into every "
+        "contender's process alike (LD_PRELOAD), e.g. "
+        "libtcmalloc_minimal.so.4 or libjemalloc.so.2; with --allocator, "
+        "glibc's settings then go unused",
+    )
+    parser.add_argument(
         "--no-matmul-floor",
         dest="matmul_floor",
         action="store_false",
@@ -777,6 +792,11 @@ def main(argv=None):
         parser.error(
             "--official-repo must be a checkout of the official Jumbo code "
             f"(with models/jumbo.py). Received: {args.official_repo!r}"
+        )
+    if args.malloc_library and not os.path.isfile(args.malloc_library):
+        parser.error(
+            "--malloc-library must be a shared library file. "
+            f"Received: {args.malloc_library!r}"
         )
     alternates = [c for c in args.contenders if c.endswith("_alt")]
     if alternates and not args.jax_python:
@@ -862,8 +882,13 @@ def main(argv=None):
     print(
         f"\n{args.size}, {args.image_size} px, inference batch {args.batch}, "
         f"training batch {args.train_batch}, {args.device}"
-        f"{', bf16' if args.bf16 else ''}, {args.allocator} allocator, "
-        f"{args.rounds} rounds (median), "
+        f"{', bf16' if args.bf16 else ''}, {args.allocator} allocator"
+        + (
+            f" under {os.path.basename(args.malloc_library)}"
+            if args.malloc_library
+            else ""
+        )
+        + f", {args.rounds} rounds (median), "
         f"{platform.machine()} {os.cpu_count()} cores, {args.threads} "
         "threads"
     )
@@ -901,6 +926,7 @@ def main(argv=None):
                     "device",
                     "bf16",
                     "allocator",
+                    "malloc_library",
                     "peak_gflops",
                     "macs",
                 ],
@@ -917,6 +943,9 @@ def main(argv=None):
                         "device": args.device,
                         "bf16": args.bf16,
                         "allocator": args.allocator,
+                        "malloc_library": os.path.basename(
+                            args.malloc_library or ""
+                        ),
                         "peak_gflops": round(peak_gflops, 1),
                         "macs": macs,
                     }
