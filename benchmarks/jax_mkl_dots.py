@@ -117,12 +117,9 @@ def build_handler(workdir, chunks):
         ctypes.cast(torch_cpu.mkl_set_num_threads_local_, ctypes.c_void_p),
         chunks,
     )
-    for name in (
-        "mkl_handler_ns",
-        "mkl_calls",
-        "mkl_chunks",
-        "mkl_caller_chunks",
-    ):
+    for name in COUNTERS:
+        # Every counter is a 64-bit total; ctypes' default `int` result
+        # would wrap after ~2.1 s of nanoseconds.
         getattr(handler, name).restype = ctypes.c_longlong
     jax.ffi.register_ffi_target(
         TARGET, jax.ffi.pycapsule(handler.MklGemm), platform="cpu"
